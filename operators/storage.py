@@ -1,0 +1,124 @@
+"""One way to reach a place to read or write: a URI plus storage options, resolved by fsspec.
+
+Steps never branch on gs:// vs s3:// vs local. Filesystem instances are created lazily in
+each process (gcsfs instances must not cross a fork) and cached per (protocol, options).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+import uuid
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.core import split_protocol
+
+T = TypeVar("T")
+
+# Errors worth retrying: connection drops and timeouts, which the storage client libraries
+# surface after their own retries. Not-found, permission and bad-request errors are permanent.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+RETRY_ATTEMPTS = 4
+RETRY_BASE_DELAY_S = 0.5
+
+
+def protocol_of(uri: str) -> str:
+    proto, _ = split_protocol(uri)
+    return {None: "file", "gcs": "gs", "s3a": "s3"}.get(proto, proto)
+
+
+def strip_protocol(uri: str) -> str:
+    """``gs://b/k`` -> ``b/k``; local paths become absolute."""
+    proto, path = split_protocol(uri)
+    if protocol_of(uri) == "file":
+        return os.path.abspath(os.path.expanduser(path))
+    return path.strip("/") if proto else path
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join key parts onto a URI without losing the scheme."""
+    return posixpath.join(base.rstrip("/"), *parts) if base else posixpath.join(*parts)
+
+
+def with_protocol(protocol: str, path: str) -> str:
+    return path if protocol == "file" else f"{protocol}://{path}"
+
+
+def filesystem(uri: str, options: dict[str, Any] | None = None) -> fsspec.AbstractFileSystem:
+    return _cached_fs(protocol_of(uri), json.dumps(options or {}, sort_keys=True))
+
+
+@lru_cache(maxsize=16)
+def _cached_fs(protocol: str, options_json: str) -> fsspec.AbstractFileSystem:
+    options = json.loads(options_json)
+    if protocol == "gs":
+        return _gcs_filesystem(options)
+    if protocol == "file":
+        return fsspec.filesystem("file", auto_mkdir=True)
+    return fsspec.filesystem(protocol, **options)
+
+
+def _gcs_filesystem(options: dict[str, Any]) -> fsspec.AbstractFileSystem:
+    """gcsfs, with the emulator case made to work.
+
+    gcsfs's default ("extended") class probes each bucket over gRPC/TLS and stalls ~60 s per
+    operation against an emulator, so with an emulator (``STORAGE_EMULATOR_HOST`` or an
+    ``endpoint_url`` option) we build the plain class and default to anonymous credentials.
+    """
+    endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    if not endpoint:
+        return fsspec.filesystem("gs", **options)
+    import gcsfs.core
+
+    opts = {"token": "anon", **options, "endpoint_url": endpoint}
+    return gcsfs.core.GCSFileSystem(**opts)
+
+
+def with_retries(fn: Callable[[], T], attempts: int = RETRY_ATTEMPTS) -> T:
+    """Run ``fn``, retrying TRANSIENT_ERRORS with exponential backoff."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except TRANSIENT_ERRORS:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(RETRY_BASE_DELAY_S * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def read_bytes(uri: str, options: dict[str, Any] | None = None) -> bytes:
+    fs = filesystem(uri, options)
+    return with_retries(lambda: fs.cat_file(strip_protocol(uri)))
+
+
+def exists(uri: str, options: dict[str, Any] | None = None) -> bool:
+    fs = filesystem(uri, options)
+    return with_retries(lambda: fs.exists(strip_protocol(uri)))
+
+
+def write_bytes_atomic(uri: str, data: bytes, options: dict[str, Any] | None = None) -> None:
+    """Write so that a reader never sees a partial object.
+
+    Object stores publish an upload only when it completes; locally we write a temporary file
+    beside the target and rename it over (atomic on POSIX). Re-running with the same content is
+    harmless, which matters because Ray retries tasks and actors.
+    """
+    fs = filesystem(uri, options)
+    path = strip_protocol(uri)
+    if protocol_of(uri) != "file":
+        with_retries(lambda: fs.pipe_file(path, data))
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

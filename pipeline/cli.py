@@ -1,0 +1,96 @@
+"""``maskray`` command line: run, fetch-model (and later: submit, report).
+
+Exit status: 0 all inputs ok or skipped; 3 the run completed but some inputs failed; 2 bad
+usage or config (one line on stderr, before any image is processed); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from pipeline.config import ConfigError, RunConfig, resolve_config
+
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL = 0, 1, 2, 3
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file with any of the options below; flags override it")
+    p.add_argument("--input", help="gs://, s3:// or local prefix, or a .txt/.csv/.parquet list of URIs")
+    p.add_argument("--output", help="gs://, s3:// or local prefix")
+    p.add_argument("--model", help="path or URI of u2netp.onnx (default: models/u2netp.onnx)")
+    p.add_argument("--model-md5", help="expected md5; 'none' skips the check")
+    p.add_argument("--format", choices=["mask", "cutout", "both"])
+    p.add_argument("--bgcolor", help="R,G,B,A background for cutouts")
+    p.add_argument("--post-process-mask", "-ppm", action="store_const", const=True, help="rembg's -ppm")
+    p.add_argument("--overwrite", action="store_const", const=True, help="redo inputs that already have masks")
+    p.add_argument("--pool-size", type=int, help="inference actors (default: the cluster's CPUs)")
+    p.add_argument("--cpus-per-actor", type=float)
+    p.add_argument("--intra-op-threads", type=int)
+    p.add_argument("--inter-op-threads", type=int)
+    p.add_argument("--graph-optimization", choices=["disable", "basic", "extended", "all"])
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--decode-cpus", type=float)
+    p.add_argument("--write-cpus", type=float)
+    p.add_argument("--max-pixels", type=int)
+    p.add_argument("--png-level", type=int)
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--num-cpus", type=int, help="CPUs for a locally started Ray")
+    p.add_argument("--endpoint-url", help="storage endpoint (emulators, S3-compatible stores)")
+    p.add_argument("--run-id")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const=False)
+
+
+def flags_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    flags = {k: v for k, v in vars(args).items() if k in RunConfig.model_fields}
+    if getattr(args, "endpoint_url", None):
+        flags["storage_options"] = {"endpoint_url": args.endpoint_url}
+    return flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maskray", description="Background removal for whole image catalogs, on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_arguments(sub.add_parser("run", help="mask every image under a prefix or in a list"))
+    fetch = sub.add_parser("fetch-model", help="download and verify u2netp.onnx")
+    fetch.add_argument("--dest", default=None)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.report import print_summary
+    from pipeline.run import execute
+
+    flags = flags_from_args(args)
+    cfg = resolve_config(flags, args.config)
+    result = execute(cfg)
+    print_summary(result.summary)
+    return EXIT_PARTIAL if result.exit_code == 3 else EXIT_OK
+
+
+def cmd_fetch_model(args: argparse.Namespace) -> int:
+    from pipeline.config import DEFAULT_MODEL
+    from pipeline.model import fetch_model
+
+    print(fetch_model(args.dest or DEFAULT_MODEL))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="maskray: %(levelname)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    handlers = {"run": cmd_run, "fetch-model": cmd_fetch_model}
+    try:
+        return handlers[args.command](args)
+    except ConfigError as exc:
+        print(f"maskray: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        print("maskray: interrupted; re-run the same command to resume", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

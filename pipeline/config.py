@@ -1,0 +1,149 @@
+"""The one run configuration: defaults < YAML file < ``MASKRAY_*`` env < command-line flags.
+
+Validated once at the entry point; errors name the field. The resolved config is written
+into the run's summary and beside its manifest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from operators.session import U2NETP_MD5
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = str(PROJECT_ROOT / "models" / "u2netp.onnx")
+ENV_PREFIX = "MASKRAY_"
+
+
+class ConfigError(ValueError):
+    """Bad usage or config: the CLI prints the one-line message and exits 2."""
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: str = Field(description="gs://, s3:// or local prefix, or a .txt/.csv/.parquet list of URIs")
+    output: str = Field(description="gs://, s3:// or local prefix for masks, manifest and summary")
+    model: str = Field(DEFAULT_MODEL, description="path or URI of the U2Net-P ONNX file")
+    model_md5: str | None = Field(U2NETP_MD5, description="expected md5 of the model; null skips the check")
+    format: Literal["mask", "cutout", "both"] = "mask"
+    bgcolor: tuple[int, int, int, int] | None = None
+    post_process_mask: bool = False
+    overwrite: bool = False
+
+    pool_size: int | None = Field(None, ge=1, description="inference actors; default: the cluster's CPUs")
+    cpus_per_actor: float = Field(0.75, gt=0, le=64)
+    intra_op_threads: int = Field(1, ge=1, le=256)
+    inter_op_threads: int = Field(1, ge=1, le=256)
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    batch_size: int = Field(4, ge=1, le=1024)
+    decode_cpus: float = Field(0.25, gt=0, le=8, description="CPU reservation of each decode task")
+    write_cpus: float = Field(0.25, gt=0, le=8, description="CPU reservation of each encode/write task")
+    max_pixels: int = Field(64_000_000, ge=1)
+    max_bytes: int = Field(256 * 1024 * 1024, ge=1, description="refuse larger files before fetching")
+    png_level: int = Field(1, ge=0, le=9)
+
+    address: str | None = Field(None, description="Ray address; default RAY_ADDRESS or a local Ray")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="passed to fsspec")
+    run_id: str | None = None
+    progress: bool = True
+
+    @field_validator("input", "output", "model")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v or not v.strip():
+            raise ValueError("must not be empty")
+        return v.strip()
+
+    @field_validator("model_md5", mode="before")
+    @classmethod
+    def _md5_off(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and v.strip().lower() in ("", "none", "null", "off") else v
+
+    @field_validator("bgcolor", mode="before")
+    @classmethod
+    def _parse_bgcolor(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            parts = [p.strip() for p in v.split(",")]
+            if len(parts) != 4:
+                raise ValueError("expected R,G,B,A")
+            return tuple(int(p) for p in parts)
+        return v
+
+    @field_validator("bgcolor")
+    @classmethod
+    def _bgcolor_range(cls, v: tuple[int, int, int, int] | None) -> Any:
+        if v is not None and not all(0 <= c <= 255 for c in v):
+            raise ValueError("each of R,G,B,A must be 0..255")
+        return v
+
+    @model_validator(mode="after")
+    def _bgcolor_needs_cutout(self) -> RunConfig:
+        if self.bgcolor is not None and self.format == "mask":
+            raise ValueError("bgcolor applies to cutouts: use --format cutout or both")
+        return self
+
+    @property
+    def writes_mask(self) -> bool:
+        return self.format in ("mask", "both")
+
+    @property
+    def writes_cutout(self) -> bool:
+        return self.format in ("cutout", "both")
+
+
+def _env_values(environ: dict[str, str]) -> dict[str, Any]:
+    """``MASKRAY_POOL_SIZE=8`` -> {"pool_size": "8"}; pydantic coerces the strings."""
+    fields = RunConfig.model_fields
+    out: dict[str, Any] = {}
+    for key, value in environ.items():
+        name = key[len(ENV_PREFIX):].lower() if key.startswith(ENV_PREFIX) else None
+        if name in fields:
+            out[name] = yaml.safe_load(value) if name == "storage_options" else value
+    return out
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of option: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def resolve_config(
+    flags: dict[str, Any], config_file: str | None = None, environ: dict[str, str] | None = None
+) -> RunConfig:
+    """Merge the layers and validate; raises ConfigError with one line naming the field."""
+    merged: dict[str, Any] = {}
+    if config_file:
+        merged.update(load_yaml(config_file))
+    merged.update(_env_values(dict(os.environ if environ is None else environ)))
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return RunConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "config"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"config error: {field}: {first['msg']}{more}"
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)

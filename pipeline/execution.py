@@ -1,0 +1,99 @@
+"""Connect to Ray, size the pool, and stream the graph's manifest rows into the writer."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import pyarrow as pa
+import ray
+from ray.data import DataContext
+
+from operators.stages import StageSettings
+from pipeline.config import ConfigError, RunConfig
+from pipeline.graph import GraphSpec, build_graph
+from pipeline.manifest import ManifestWriter
+from pipeline.model import LoadedModel
+
+log = logging.getLogger("maskray")
+
+# Env vars that tell storage clients where an emulator or custom endpoint is; workers on a
+# remote cluster need them too (a local Ray's workers inherit the driver's environment).
+ENDPOINT_ENV_VARS = ("STORAGE_EMULATOR_HOST", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                     "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+
+
+def endpoint_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in ENDPOINT_ENV_VARS if k in os.environ}
+
+
+def connect(cfg: RunConfig, env_vars: dict[str, str]) -> bool:
+    """Join ``--address``/``RAY_ADDRESS``, or start a local Ray. Returns True if we started it."""
+    if ray.is_initialized():
+        return False
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": env_vars} if env_vars else None
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        return False
+    # address="local": never attach to a stale cluster recorded by an earlier `ray start`.
+    ray.init(address="local", num_cpus=cfg.num_cpus, runtime_env=runtime_env, include_dashboard=False,
+             configure_logging=False)
+    return True
+
+
+def cluster_cpus() -> float:
+    return float(ray.cluster_resources().get("CPU", 0))
+
+
+def pool_size(cfg: RunConfig, cpus: float, started_locally: bool) -> int:
+    """Default: one single-threaded session per CPU. Checks that all stages' reservations fit."""
+    size = cfg.pool_size or max(1, int(cpus))
+    need = size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
+    if need <= cpus + 1e-9:
+        return size
+    if started_locally:
+        raise ConfigError(
+            f"pool_size: {size} actors x {cfg.cpus_per_actor} CPU + decode {cfg.decode_cpus} + write "
+            f"{cfg.write_cpus} = {need:g} CPUs do not fit this machine's {cpus:g} CPUs (the run would hang)"
+        )
+    request_cluster_growth(size, cfg)
+    return size
+
+
+def request_cluster_growth(size: int, cfg: RunConfig) -> None:
+    """Ask an autoscaling cluster for the pool up front; pending actors are demand as well."""
+    from ray.autoscaler.sdk import request_resources
+
+    bundles = [{"CPU": cfg.cpus_per_actor}] * size + [{"CPU": cfg.decode_cpus}, {"CPU": cfg.write_cpus}]
+    log.warning("pool of %d actors needs more CPUs than the cluster has now: requesting them from the autoscaler",
+                size)
+    request_resources(bundles=bundles)
+
+
+def configure_data_context(cfg: RunConfig) -> None:
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = cfg.progress
+    ctx.execution_options.preserve_order = False
+    # Blocks here are a handful of images; keep them small so memory stays flat and bounded.
+    ctx.target_max_block_size = 64 * 1024 * 1024
+
+
+def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageSettings,
+           session_options: dict[str, Any], writer: ManifestWriter) -> tuple[str, dict[str, Any]]:
+    started_locally = connect(cfg, endpoint_env())
+    cpus = cluster_cpus()
+    size = pool_size(cfg, cpus, started_locally)
+    configure_data_context(cfg)
+    spec = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size, session_options)
+    model_ref = ray.put(model.data)  # once; every actor reads it from the object store
+    ds = build_graph(items, model_ref, settings, spec)
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        writer.add(batch)
+    placement = {"cluster_cpus": cpus, "pool_size": size, "nodes": len([n for n in ray.nodes() if n["Alive"]])}
+    try:
+        stats = ds.stats()
+    except Exception:  # noqa: BLE001 - stats are a nicety
+        stats = ""
+    return stats, placement

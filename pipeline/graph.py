@@ -1,0 +1,62 @@
+"""Wire the Ray Data graph: items -> prepare tasks -> fixed inference pool -> finish tasks.
+
+Stage resources (the defaults fit a 2-CPU machine: 2 x 0.75 for the pool + 0.25 + 0.25):
+- prepare (read, decode, resize): CPU tasks reserving ``decode_cpus`` each;
+- inference: ``ActorPoolStrategy(size=pool)`` so every actor starts at once (an autoscaling
+  pool that starts at 1 often never grows), each reserving ``cpus_per_actor`` (< 1, so the
+  decode and write tasks always find room; a stage asking for a whole CPU beside a pool that
+  leaves only a fraction deadlocks silently);
+- finish (resize mask, encode, write): CPU tasks reserving ``write_cpus`` each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import ray
+from ray.data import ActorPoolStrategy
+
+from operators.actor import InferenceActor
+from operators.stages import StageSettings, finish_batch, prepare_batch
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    pool_size: int
+    cpus_per_actor: float
+    decode_cpus: float
+    write_cpus: float
+    batch_size: int
+    session_options: dict[str, Any]
+
+
+def items_dataset(items: pa.Table, batch_size: int, target_blocks: int) -> ray.data.Dataset:
+    """Split the item list into blocks so prepare tasks can run in parallel from the start."""
+    rows_per_block = max(batch_size, math.ceil(items.num_rows / max(target_blocks, 1)))
+    slices = [items.slice(i, rows_per_block) for i in range(0, items.num_rows, rows_per_block)]
+    return ray.data.from_arrow(slices or [items])
+
+
+def build_graph(
+    items: pa.Table, model_ref: ray.ObjectRef, settings: StageSettings, spec: GraphSpec
+) -> ray.data.Dataset:
+    # Enough blocks to keep every actor fed, few enough that scheduling overhead stays small.
+    target_blocks = max(spec.pool_size * 4, math.ceil(items.num_rows / (spec.batch_size * 8)))
+    ds = items_dataset(items, spec.batch_size, target_blocks)
+    ds = ds.map_batches(  # read + decode + resize to 320x320 uint8 (the float tensor is built in the actor)
+        prepare_batch, fn_kwargs={"settings": settings}, batch_size=spec.batch_size,
+        batch_format="numpy", num_cpus=spec.decode_cpus,
+    )
+    ds = ds.map_batches(  # fp32 U2Net-P, one single-threaded session per actor
+        InferenceActor,
+        fn_constructor_kwargs={"model": model_ref, "session_options": spec.session_options},
+        compute=ActorPoolStrategy(size=spec.pool_size), batch_size=spec.batch_size,
+        batch_format="numpy", num_cpus=spec.cpus_per_actor,
+    )
+    return ds.map_batches(  # full-size mask, optional cutout, PNG encode, atomic write -> manifest rows
+        finish_batch, fn_kwargs={"settings": settings}, batch_size=spec.batch_size,
+        batch_format="numpy", num_cpus=spec.write_cpus,
+    )
