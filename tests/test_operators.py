@@ -1,0 +1,158 @@
+"""Operators on their own, without Ray: decode guards, rembg-exact math, post-processing."""
+
+from __future__ import annotations
+
+import io
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+import pytest
+from PIL import Image
+
+from operators import decode, encode, postprocess, preprocess, session
+from operators.stages import StageSettings, finish_image, prepare_image
+from tests import images
+from tests.rembg_reference import agreement, reference_mask
+
+
+@pytest.fixture(scope="module")
+def ort_session(model_bytes):
+    return session.make_session(model_bytes)
+
+
+def our_mask(data: bytes, sess) -> np.ndarray:
+    rgb = decode.decode_rgb(data, 64_000_000)
+    small = session.to_small_mask(session.run_model(sess, preprocess.normalise(preprocess.resize_for_model(rgb))))
+    return postprocess.resize_mask(small, rgb.size)
+
+
+@pytest.mark.parametrize("name", [p.name for p in images.PHOTOS])
+def test_mask_matches_rembg_math_on_real_photos(name, ort_session, model_bytes):
+    data = (images.SAMPLES / name).read_bytes()
+    ref_session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    mad, iou = agreement(our_mask(data, ort_session), reference_mask(data, ref_session))
+    print(f"{name}: mean abs diff {mad:.4f} grey levels, IoU@128 {iou:.4f}")
+    assert mad < 1.0
+    assert iou > 0.99
+
+
+@pytest.mark.parametrize("name", sorted(images.good_variants()))
+def test_every_mode_and_container_decodes_to_rgb(name):
+    rgb = decode.decode_rgb(images.good_variants()[name], 64_000_000)
+    assert rgb.mode == "RGB"
+    assert min(rgb.size) > 0
+
+
+def test_exif_orientation_is_applied():
+    cat = images.photo()
+    rgb = decode.decode_rgb(images.exif_rotated_jpeg(), 64_000_000)
+    assert rgb.size == cat.size  # stored sideways, displayed upright
+    diff = np.abs(np.asarray(rgb, dtype=np.int16) - np.asarray(cat.convert("RGB"), dtype=np.int16)).mean()
+    assert diff < 8  # JPEG re-encoding noise only
+
+
+def test_sixteen_bit_grey_is_scaled_not_clipped():
+    rgb = np.asarray(decode.decode_rgb(images.sixteen_bit_grey_png(), 64_000_000))
+    original = np.asarray(images.photo("camera.png").convert("L"))
+    assert np.abs(rgb[..., 0].astype(int) - original).max() <= 1
+
+
+def test_gif_first_frame():
+    frames = [Image.new("RGB", (40, 30), c) for c in ("red", "blue")]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    rgb = decode.decode_rgb(buf.getvalue(), 64_000_000)
+    assert rgb.getpixel((5, 5))[0] > 200 and rgb.getpixel((5, 5))[2] < 50
+
+
+@pytest.mark.parametrize("name", sorted(images.bad_inputs()))
+def test_bad_inputs_give_reasons(name):
+    data, reason = images.bad_inputs()[name]
+    with pytest.raises(decode.ImageError) as err:
+        decode.decode_rgb(data, 64_000_000)
+    assert str(err.value).startswith(reason), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_pixel_cap_is_checked_from_the_header_without_decoding():
+    bomb = images.png_header_only(30000, 30000)  # 900 MP claimed, ~100 bytes on disk
+    with pytest.raises(decode.ImageError, match=r"too_large: 30000x30000 > max_pixels \(64000000\)"):
+        decode.open_header(bomb, 64_000_000)
+
+
+def test_normalise_matches_rembg_tensor_bit_for_bit():
+    rgb = images.photo().convert("RGB")
+    ours = preprocess.normalise(preprocess.resize_for_model(rgb))
+    im = np.array(rgb.resize((320, 320), Image.LANCZOS))
+    im = im / np.max(im)
+    ref = np.stack([(im[..., c] - m) / s for c, (m, s) in enumerate(zip(preprocess.MEAN, preprocess.STD,
+                                                                       strict=True))])
+    assert ours.dtype == np.float32 and ours.shape == (1, 3, 320, 320)
+    assert np.array_equal(ours[0], ref.astype(np.float32))
+
+
+def test_black_image_does_not_divide_by_zero():
+    out = preprocess.normalise(np.zeros((320, 320, 3), np.uint8))
+    assert np.isfinite(out).all()
+
+
+def test_small_mask_truncates_like_rembg():
+    pred = np.array([[0.0, 0.5], [0.999, 1.0]], dtype=np.float32)
+    assert session.to_small_mask(pred).tolist() == [[0, 127], [254, 255]]
+
+
+def test_post_process_mask_is_rembgs():
+    rng = np.random.default_rng(0)
+    mask = (rng.random((64, 64)) * 255).astype(np.uint8)
+    kernel = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3))
+    assert kernel.tolist() == [[0, 1, 0], [1, 1, 1], [0, 1, 0]]  # the 3x3 cross
+    ref = cv2.GaussianBlur(cv2.morphologyEx(mask, cv2.MORPH_OPEN, kernel), (5, 5), sigmaX=2, sigmaY=2)
+    expected = np.where(ref < 127, 0, 255).astype(np.uint8)
+    assert np.array_equal(postprocess.post_process_mask(mask), expected)
+    assert set(np.unique(expected)) <= {0, 255}
+
+
+def test_cutout_is_rgb_times_mask_with_alpha_mask():
+    rgb = Image.new("RGB", (2, 1), (200, 100, 50))
+    mask = np.array([[255, 128]], dtype=np.uint8)
+    out = np.asarray(postprocess.cutout(rgb, mask))
+    assert out[0, 0].tolist() == [200, 100, 50, 255]
+    assert out[0, 1, 3] == 128 and abs(int(out[0, 1, 0]) - 100) <= 1
+
+
+def test_bgcolor_fills_behind_the_cutout():
+    rgb = Image.new("RGB", (2, 1), (200, 100, 50))
+    out = np.asarray(postprocess.cutout(rgb, np.array([[255, 0]], np.uint8), (0, 0, 255, 255)))
+    assert out[0, 0].tolist() == [200, 100, 50, 255] and out[0, 1].tolist() == [0, 0, 255, 255]
+
+
+def test_png_encoders_are_lossless_and_single_channel():
+    mask = (np.arange(64 * 48) % 256).astype(np.uint8).reshape(48, 64)
+    back = Image.open(io.BytesIO(encode.encode_mask_png(mask)))
+    assert back.mode == "L" and np.array_equal(np.asarray(back), mask)
+    rgba = Image.new("RGBA", (3, 2), (10, 20, 30, 40))
+    assert np.asarray(Image.open(io.BytesIO(encode.encode_rgba_png(rgba)))).tolist() == np.asarray(rgba).tolist()
+
+
+def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
+    """prepare -> (inference by hand) -> finish, writing a real mask; no Ray involved."""
+    src = tmp_path / "in" / "cat.jpg"
+    src.parent.mkdir()
+    src.write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
+    settings = StageSettings(output=str(tmp_path / "out"))
+    row = prepare_image(str(src), "cat.jpg", settings)
+    assert row["status"] == "pending" and (row["width"], row["height"]) == (451, 300)
+    resized = np.frombuffer(row["pre"], np.uint8).reshape(320, 320, 3)
+    row["small"] = session.to_small_mask(session.run_model(ort_session, preprocess.normalise(resized))).tobytes()
+    out = finish_image(row, settings)
+    assert out["status"] == "ok" and out["error"] is None
+    assert out["output"] == str(tmp_path / "out" / "masks" / "cat.jpg.png")
+    assert Image.open(out["output"]).size == (451, 300)
+    again = prepare_image(str(src), "cat.jpg", settings)
+    assert again["status"] == "skipped"
+
+
+def test_missing_source_is_a_row_not_an_exception(tmp_path):
+    row = prepare_image(str(tmp_path / "nope.jpg"), "nope.jpg", StageSettings(output=str(tmp_path / "out")))
+    assert row["status"] == "error" and row["error"] == "read: not found"
