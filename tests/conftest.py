@@ -33,8 +33,12 @@ def model_bytes(model_path) -> bytes:
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One real local Ray with 2 CPUs, like this machine and CI."""
+def ray_local(gcs_server, s3_server):
+    """One real local Ray with 2 CPUs, like this machine and CI.
+
+    Started after the storage servers so its workers inherit their env (as a local Ray started
+    by the CLI does); the servers are cheap (well under a second to start).
+    """
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
