@@ -11,7 +11,6 @@ Stage resources (the defaults fit a 2-CPU machine: 2 x 0.75 for the pool + 0.25 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +32,17 @@ class GraphSpec:
     session_options: dict[str, Any]
 
 
-def items_dataset(items: pa.Table, batch_size: int, target_blocks: int) -> ray.data.Dataset:
-    """Split the item list into blocks so prepare tasks can run in parallel from the start."""
-    rows_per_block = max(batch_size, math.ceil(items.num_rows / max(target_blocks, 1)))
-    slices = [items.slice(i, rows_per_block) for i in range(0, items.num_rows, rows_per_block)]
+def items_dataset(items: pa.Table, batch_size: int) -> ray.data.Dataset:
+    """One block per batch: every block is a separately schedulable unit, so masks start
+    flowing after one batch rather than one large block, and a retried task redoes little."""
+    slices = [items.slice(i, batch_size) for i in range(0, items.num_rows, batch_size)]
     return ray.data.from_arrow(slices or [items])
 
 
 def build_graph(
     items: pa.Table, model_ref: ray.ObjectRef, settings: StageSettings, spec: GraphSpec
 ) -> ray.data.Dataset:
-    # Enough blocks to keep every actor fed, few enough that scheduling overhead stays small.
-    target_blocks = max(spec.pool_size * 4, math.ceil(items.num_rows / (spec.batch_size * 8)))
-    ds = items_dataset(items, spec.batch_size, target_blocks)
+    ds = items_dataset(items, spec.batch_size)
     ds = ds.map_batches(  # read + decode + resize to 320x320 uint8 (the float tensor is built in the actor)
         prepare_batch, fn_kwargs={"settings": settings}, batch_size=spec.batch_size,
         batch_format="numpy", num_cpus=spec.decode_cpus,
