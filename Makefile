@@ -8,7 +8,7 @@ INPUT  ?= samples
 OUTPUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean submit
 
 setup: $(STAMP) $(MODEL)
 
@@ -33,3 +33,8 @@ lint: setup
 
 clean:
 	rm -rf $(OUTPUT) .pytest_cache
+
+# Submit a run as a Ray job: make submit INPUT=gs://shop/images/ OUTPUT=gs://shop/masks/ RAY_ADDRESS=http://head:8265
+SUBMIT_ARGS ?=
+submit: setup
+	$(BIN)/maskray submit --input $(INPUT) --output $(OUTPUT) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) $(SUBMIT_ARGS)

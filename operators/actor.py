@@ -27,7 +27,9 @@ class InferenceActor:
         self.session = make_session(model_bytes, SessionOptions(**(session_options or {})))
         ctx = ray.get_runtime_context()
         self.node = ctx.get_node_id()
-        self.actor = f"{(ctx.get_actor_id() or 'driver')[:12]}@{os.getpid()}"
+        # "+restarted" marks a process Ray started again after this actor died (the summary counts them).
+        restarted = "+restarted" if getattr(ctx, "was_current_actor_reconstructed", False) else ""
+        self.actor = f"{(ctx.get_actor_id() or 'driver')[:12]}@{os.getpid()}{restarted}"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(batch["status"])

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="maskray", description="Background removal for whole image catalogs, on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_arguments(sub.add_parser("run", help="mask every image under a prefix or in a list"))
+    submit = sub.add_parser("submit", help="run as a Ray job on a cluster (RAY_ADDRESS=http://head:8265)")
+    add_run_arguments(submit)
+    submit.add_argument("--no-pip", dest="pip", action="store_false", help="the cluster already has the deps")
+    submit.add_argument("--no-wait", dest="wait", action="store_false", help="submit and return")
     fetch = sub.add_parser("fetch-model", help="download and verify u2netp.onnx")
     fetch.add_argument("--dest", default=None)
     return parser
@@ -68,6 +72,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = execute(cfg)
     print_summary(result.summary)
     return EXIT_PARTIAL if result.exit_code == 3 else EXIT_OK
+
+
+SUBMIT_ONLY = {"--address": 1, "--no-pip": 0, "--no-wait": 0}
+
+
+def run_argv_for_job(argv: list[str]) -> list[str]:
+    """The submit command line minus submit's own flags: what the job runs as `maskray run`."""
+    out, skip = [], 0
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if skip:
+            skip -= 1
+        elif name in SUBMIT_ONLY:
+            skip = SUBMIT_ONLY[name] if "=" not in token else 0
+        else:
+            out.append(token)
+    return out
+
+
+def cmd_submit(args: argparse.Namespace, argv: list[str]) -> int:
+    import os
+
+    from pipeline.submit import submit
+
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise ConfigError("submit: no cluster address: pass --address http://HEAD:8265 or set RAY_ADDRESS")
+    resolve_config(flags_from_args(args) | {"address": None}, args.config)  # fail fast, locally
+    return submit(address, run_argv_for_job(argv[1:]), args.config, args.model, pip=args.pip, wait=args.wait)
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
@@ -94,10 +127,12 @@ def configure_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    handlers = {"run": cmd_run, "fetch-model": cmd_fetch_model}
     try:
-        return handlers[args.command](args)
+        if args.command == "submit":
+            return cmd_submit(args, argv)
+        return {"run": cmd_run, "fetch-model": cmd_fetch_model}[args.command](args)
     except ConfigError as exc:
         print(f"maskray: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -91,7 +91,14 @@ def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageS
     ds = build_graph(items, model_ref, settings, spec)
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
         writer.add(batch)
-    placement = {"cluster_cpus": cpus, "pool_size": size, "nodes": len([n for n in ray.nodes() if n["Alive"]])}
+    placement = {
+        "cluster_cpus": cpus,
+        "pool_size": size,
+        "nodes": len([n for n in ray.nodes() if n["Alive"]]),
+        # A killed actor is restarted by Ray as a new process; its in-flight batches are retried.
+        "actor_processes": len(writer.actors),
+        "actor_restarts": sum(a.endswith("+restarted") for a in writer.actors),
+    }
     try:
         stats = ds.stats()
     except Exception:  # noqa: BLE001 - stats are a nicety

@@ -41,6 +41,7 @@ class ManifestWriter:
         self.errors: Counter[str] = Counter()
         self.stage_ms: Counter[str] = Counter()
         self.first_ok_at: float | None = None
+        self.actors: set[str] = set()  # actor processes that served inference (restarts add more)
 
     def add(self, table: pa.Table) -> None:
         table = table.cast(MANIFEST_SCHEMA)
@@ -68,6 +69,7 @@ class ManifestWriter:
                 self.errors[error_kind(error)] += 1
         for col in TIME_COLUMNS:
             self.stage_ms[col] += float(pc.sum(table.column(col)).as_py() or 0.0)
+        self.actors.update(a for a in table.column("actor").to_pylist() if a)
         if self.first_ok_at is None and self.counts["ok"]:
             self.first_ok_at = time.time()
 

@@ -32,7 +32,7 @@ def model_bytes(model_path) -> bytes:
     return Path(model_path).read_bytes()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local(gcs_server, s3_server):
     """One real local Ray with 2 CPUs, like this machine and CI.
 
@@ -41,6 +41,8 @@ def ray_local(gcs_server, s3_server):
     """
     import ray
 
+    if ray.is_initialized():
+        ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
              log_to_driver=False)
     yield ray

@@ -1,0 +1,73 @@
+"""Ray heads for the cluster tests, started in their own process group and ended by pid.
+
+Never `ray stop --force` (what AutoscalingCluster does): it kills every Ray process on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.servers import free_port
+
+BIN = Path(sys.executable).parent
+
+
+def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+    env.update(extra or {})
+    return env
+
+
+class RayHead:
+    """`ray start --head --block` with the job server; .address is the GCS, .dashboard the job API."""
+
+    def __init__(self, log_dir: Path, num_cpus: int, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.port, self.dash_port = port or free_port(), free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.dashboard = f"http://127.0.0.1:{self.dash_port}"
+        self.log = open(log_dir / f"ray-head-{self.port}.log", "wb")  # noqa: SIM115
+        self.env = ray_env(env)
+        # Unix socket paths are capped at 107 bytes: pytest's tmp paths are too long for Ray.
+        self.temp_dir = tempfile.mkdtemp(prefix="rh-", dir="/tmp")
+        self.proc = subprocess.Popen(
+            [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={num_cpus}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash_port}", "--include-dashboard=true",
+             f"--temp-dir={self.temp_dir}", *(extra_args or [])],
+            stdout=self.log, stderr=self.log, env=self.env, start_new_session=True,
+        )
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray head exited early; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.dashboard}/api/version", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"ray head not ready; see {self.log.name}")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
