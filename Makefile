@@ -38,3 +38,8 @@ clean:
 SUBMIT_ARGS ?=
 submit: setup
 	$(BIN)/maskray submit --input $(INPUT) --output $(OUTPUT) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) $(SUBMIT_ARGS)
+
+# Benchmark: ceiling vs maskray vs rembg vs naive Ray Data, interleaved. BENCH_ARGS="--images 300 --rounds 3"
+BENCH_ARGS ?=
+bench: setup
+	$(BIN)/python bench/bench.py $(BENCH_ARGS)

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(submit)
     submit.add_argument("--no-pip", dest="pip", action="store_false", help="the cluster already has the deps")
     submit.add_argument("--no-wait", dest="wait", action="store_false", help="submit and return")
+    report = sub.add_parser("report", help="render <output>/_report.html from the latest run")
+    report.add_argument("output")
+    report.add_argument("--price-per-hour", type=float, help="$/h of the machines (default: published c4d rate)")
+    report.add_argument("--endpoint-url")
     fetch = sub.add_parser("fetch-model", help="download and verify u2netp.onnx")
     fetch.add_argument("--dest", default=None)
     return parser
@@ -103,6 +107,17 @@ def cmd_submit(args: argparse.Namespace, argv: list[str]) -> int:
     return submit(address, run_argv_for_job(argv[1:]), args.config, args.model, pip=args.pip, wait=args.wait)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.report import write_report
+
+    opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+    try:
+        print(write_report(args.output, opts, args.price_per_hour))
+    except FileNotFoundError:
+        raise ConfigError(f"report: no _summary.json under {args.output} (run maskray there first)") from None
+    return EXIT_OK
+
+
 def cmd_fetch_model(args: argparse.Namespace) -> int:
     from pipeline.config import DEFAULT_MODEL
     from pipeline.model import fetch_model
@@ -132,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "submit":
             return cmd_submit(args, argv)
-        return {"run": cmd_run, "fetch-model": cmd_fetch_model}[args.command](args)
+        return {"run": cmd_run, "report": cmd_report, "fetch-model": cmd_fetch_model}[args.command](args)
     except ConfigError as exc:
         print(f"maskray: {exc}", file=sys.stderr)
         return EXIT_CONFIG

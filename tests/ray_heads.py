@@ -6,9 +6,9 @@ Never `ray stop --force` (what AutoscalingCluster does): it kills every Ray proc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
-import shutil
 import sys
 import tempfile
 import time

@@ -1,0 +1,339 @@
+"""``make bench``: maskray against the model's ceiling, rembg and a naive Ray Data version.
+
+All contenders run on the same folder of real photos (the samples, repeated), interleaved
+round by round so that a noisy machine shows up as spread (min/median/max), not as a false ratio.
+
+1. ceiling  - N single-threaded ONNX Runtime sessions in N processes on preprocessed tensors
+2. maskray  - the CLI with its default config, files to masks
+3. rembg    - ``rembg p -m u2netp`` in its own venv, model pointed at ours via U2NET_HOME
+4. naive    - the same operators with Ray Data's defaults (autoscaling pool from 1, ORT default threads)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from operators import preprocess, session  # noqa: E402
+from operators.decode import decode_rgb  # noqa: E402
+from pipeline.config import DEFAULT_MODEL  # noqa: E402
+from pipeline.sysinfo import machine_info  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+REMBG_VENV = ROOT / ".venv-rembg"
+PUBLISHED_PRICE_384 = 5.20  # $/h for a 384-vCPU c4d node, as published; scaled per vCPU below
+
+
+# ------------------------------------------------------------------ measuring a run
+
+class Sampler:
+    """Samples machine CPU busy fraction and the RSS of a process tree while a run goes."""
+
+    def __init__(self, root_pid: int | None = None, interval: float = 0.25) -> None:
+        self.root_pid, self.interval = root_pid, interval
+        self.cpu: list[float] = []
+        self.peak_rss = 0
+        self.peak_rss_per_proc: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        psutil.cpu_percent(None)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _tree(self) -> list[psutil.Process]:
+        root = psutil.Process(self.root_pid or os.getpid())
+        try:
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return [root]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.cpu.append(psutil.cpu_percent(None) / 100)
+            total = 0
+            for proc in self._tree():
+                try:
+                    rss = proc.memory_info().rss
+                    name = " ".join(proc.cmdline()[:1] + [proc.name()])[:80]
+                except psutil.Error:
+                    continue
+                total += rss
+                key = "actor" if "InferenceActor" in proc.name() or "MapWorker" in proc.name() else name
+                self.peak_rss_per_proc[key] = max(self.peak_rss_per_proc.get(key, 0), rss)
+            self.peak_rss = max(self.peak_rss, total)
+
+    @property
+    def cpu_utilisation(self) -> float:
+        return float(np.mean(self.cpu)) if self.cpu else 0.0
+
+
+def make_inputs(n: int, dest: Path) -> list[Path]:
+    photos = sorted(p for p in (ROOT / "samples").iterdir() if p.suffix.lower() in (".jpg", ".png"))
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    out = []
+    for i in range(n):
+        src = photos[i % len(photos)]
+        out.append(dest / f"{i:05d}-{src.name}")
+        shutil.copy(src, out[-1])
+    return out
+
+
+# ------------------------------------------------------------------ 1. ceiling
+
+def _ceiling_worker(model: bytes, tensors: np.ndarray, barrier, queue) -> None:
+    sess = session.make_session(model)
+    session.run_model(sess, tensors[0])  # warm-up: first run allocates
+    barrier.wait()
+    times = []
+    t0 = time.perf_counter()
+    for t in tensors:
+        s = time.perf_counter()
+        session.run_model(sess, t)
+        times.append(time.perf_counter() - s)
+    queue.put((time.perf_counter() - t0, times, psutil.Process().memory_info().rss))
+
+
+def run_ceiling(files: list[Path], cpus: int) -> dict[str, Any]:
+    model = Path(DEFAULT_MODEL).read_bytes()
+    tensors = [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9))) for f in files]
+    shares = [np.stack(tensors[i::cpus]) for i in range(cpus)]
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(cpus + 1), ctx.Queue()
+    procs = [ctx.Process(target=_ceiling_worker, args=(model, s, barrier, queue)) for s in shares]
+    for p in procs:
+        p.start()
+    with Sampler(interval=0.25) as sampler:
+        barrier.wait()
+        t0 = time.perf_counter()
+        results = [queue.get() for _ in procs]
+        wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    lat = [t for _, times, _ in results for t in times]
+    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
+            "latency_p50_ms": 1000 * float(np.percentile(lat, 50)),
+            "latency_p95_ms": 1000 * float(np.percentile(lat, 95)),
+            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sum(r for *_, r in results) / 2**20,
+            "peak_rss_per_actor_mb": max(r for *_, r in results) / 2**20, "cold_start_s": None}
+
+
+# ------------------------------------------------------------------ 2. maskray, 4. naive
+
+def timed_subprocess(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, Sampler, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    with Sampler(proc.pid) as sampler:
+        output, _ = proc.communicate()
+    if proc.returncode not in (0,):
+        raise RuntimeError(f"{cmd[0]} exited {proc.returncode}:\n{output[-3000:]}")
+    return time.perf_counter() - t0, sampler, output
+
+
+def manifest_metrics(out: Path) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    summary = json.loads((out / "_summary.json").read_text())
+    rows = pq.read_table(out / "_manifest" / summary["run_id"]).to_pandas()
+    rows = rows[rows.status == "ok"].sort_values("finished_at")
+    latency = (rows.finished_at - rows.started_at) * 1000
+    # Steady state: throughput between the 10th and the last mask, after start-up is done.
+    k = min(10, len(rows) - 2)
+    span = rows.finished_at.iloc[-1] - rows.finished_at.iloc[k]
+    steady = (len(rows) - 1 - k) / span if span > 0 else None
+    stages = {c[:-3]: float(rows[c].mean()) for c in rows.columns if c.endswith("_ms")}
+    return {"steady_images_per_second": steady, "latency_p50_ms": float(latency.quantile(0.5)),
+            "latency_p95_ms": float(latency.quantile(0.95)), "cold_start_s": summary["seconds_to_first_mask"],
+            "stage_ms_mean": stages, "summary_seconds": summary["seconds"]}
+
+
+def run_maskray(files: list[Path], work: Path, extra: list[str] | None = None) -> dict[str, Any]:
+    out = work / "out-maskray"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(ROOT / ".venv" / "bin" / "maskray"), "run", "--input", str(files[0].parent), "--output", str(out),
+           "--no-progress", *(extra or [])]
+    wall, sampler, _ = timed_subprocess(cmd, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
+            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
+            "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20, **manifest_metrics(out)}
+
+
+def run_naive(files: list[Path], work: Path) -> dict[str, Any]:
+    out = work / "out-naive"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, str(ROOT / "bench" / "naive.py"), str(files[0].parent), str(out)]
+    wall, sampler, _ = timed_subprocess(cmd, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
+            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
+            "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20, **manifest_metrics(out)}
+
+
+# ------------------------------------------------------------------ 3. rembg
+
+def ensure_rembg() -> Path:
+    rembg = REMBG_VENV / "bin" / "rembg"
+    if not rembg.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(REMBG_VENV)], check=True)
+        subprocess.run([str(REMBG_VENV / "bin" / "pip"), "install", "-q", "rembg[cli]==2.0.86",
+                        "onnxruntime==1.32.0"], check=True)
+    return rembg
+
+
+def run_rembg(files: list[Path], work: Path) -> dict[str, Any]:
+    out = work / "out-rembg"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {**os.environ, "U2NET_HOME": str(Path(DEFAULT_MODEL).parent)}
+    cmd = [str(ensure_rembg()), "p", "-m", "u2netp", str(files[0].parent), str(out)]
+    wall, sampler, _ = timed_subprocess(cmd, env=env)
+    made = len(list(out.glob("*.png")))
+    if made != len(files):
+        raise RuntimeError(f"rembg wrote {made} of {len(files)} outputs")
+    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
+            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
+            "peak_rss_per_actor_mb": sampler.peak_rss / 2**20, "cold_start_s": None,
+            "latency_p50_ms": None, "latency_p95_ms": None}
+
+
+# ------------------------------------------------------------------ report
+
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"min": None, "median": None, "max": None}
+    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+
+
+def summarise(runs: dict[str, list[dict]], cpus: int, price_per_hour: float) -> dict[str, Any]:
+    ceiling = statistics.median(r["images_per_second"] for r in runs["ceiling"])
+    table = {}
+    for name, rs in runs.items():
+        ips = spread([r["images_per_second"] for r in rs])
+        table[name] = {
+            "images_per_second": ips,
+            "steady_images_per_second": spread([r.get("steady_images_per_second") for r in rs]),
+            "per_cpu": ips["median"] / cpus,
+            "fraction_of_ceiling": ips["median"] / ceiling,
+            "latency_p50_ms": spread([r.get("latency_p50_ms") for r in rs])["median"],
+            "latency_p95_ms": spread([r.get("latency_p95_ms") for r in rs])["median"],
+            "cpu_utilisation": spread([r["cpu_utilisation"] for r in rs])["median"],
+            "peak_rss_total_mb": spread([r["peak_rss_total_mb"] for r in rs])["median"],
+            "peak_rss_per_actor_mb": spread([r["peak_rss_per_actor_mb"] for r in rs])["median"],
+            "cold_start_s": spread([r.get("cold_start_s") for r in rs])["median"],
+            "cost_per_million_usd": price_per_hour / (ips["median"] * 3600) * 1e6,
+        }
+    return table
+
+
+def fmt(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def markdown(table: dict[str, Any], meta: dict[str, Any]) -> str:
+    lines = [
+        f"`{meta['command']}` on {meta['machine']['cpu_model']} ({meta['cpus']} CPUs), {meta['images']} images, "
+        f"{meta['rounds']} interleaved rounds, {meta['date']}",
+        "",
+        "| contender | img/s min / median / max | steady img/s | img/s per CPU | × ceiling | p50 / p95 ms | CPU util "
+        "| peak RSS total / per actor MB | cold start s | $ per 1M |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, r in table.items():
+        ips = r["images_per_second"]
+        lines.append(
+            f"| {name} | {fmt(ips['min'])} / {fmt(ips['median'])} / {fmt(ips['max'])} "
+            f"| {fmt(r['steady_images_per_second']['median'])} | {fmt(r['per_cpu'])} | {fmt(r['fraction_of_ceiling'])} "
+            f"| {fmt(r['latency_p50_ms'], '.0f')} / {fmt(r['latency_p95_ms'], '.0f')} | {fmt(r['cpu_utilisation'])} "
+            f"| {fmt(r['peak_rss_total_mb'], '.0f')} / {fmt(r['peak_rss_per_actor_mb'], '.0f')} "
+            f"| {fmt(r['cold_start_s'], '.1f')} | {fmt(r['cost_per_million_usd'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def chart(table: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(table)
+    med = [table[n]["images_per_second"]["median"] for n in names]
+    lo = [m - table[n]["images_per_second"]["min"] for n, m in zip(names, med, strict=True)]
+    hi = [table[n]["images_per_second"]["max"] - m for n, m in zip(names, med, strict=True)]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=["#999", "#2a7", "#c63", "#36c"][: len(names)])
+    ax.set_ylabel("images / s (end to end)")
+    ax.set_title("maskray vs ceiling, rembg and naive Ray Data (min/median/max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "ceiling": lambda files, work, cpus: run_ceiling(files, cpus),
+    "maskray": lambda files, work, cpus: run_maskray(files, work),
+    "rembg": lambda files, work, cpus: run_rembg(files, work),
+    "naive": lambda files, work, cpus: run_naive(files, work),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", nargs="*", choices=list(CONTENDERS), default=list(CONTENDERS))
+    ap.add_argument("--cpus", type=int, default=os.cpu_count())
+    ap.add_argument("--price-per-hour", type=float, default=None,
+                    help="machine $/h (default: the published $5.20/h per 384 vCPUs, scaled to --cpus)")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    price = args.price_per_hour if args.price_per_hour is not None else PUBLISHED_PRICE_384 / 384 * args.cpus
+    work = args.results / "work"
+    files = make_inputs(args.images, work / "in")
+    runs: dict[str, list[dict]] = {n: [] for n in args.only if n in CONTENDERS}
+    if "ceiling" not in runs:
+        runs = {"ceiling": [], **runs}
+    for rnd in range(args.rounds):
+        for name in runs:
+            result = CONTENDERS[name](files, work, args.cpus)
+            runs[name].append(result)
+            print(f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s", flush=True)
+    table = summarise(runs, args.cpus, price)
+    meta = {"command": "make bench " + " ".join(argv or sys.argv[1:]), "cpus": args.cpus, "images": args.images,
+            "rounds": args.rounds, "price_per_hour": price, "date": time.strftime("%Y-%m-%d"),
+            "machine": machine_info()}
+    args.results.mkdir(parents=True, exist_ok=True)
+    md = markdown(table, meta)
+    (args.results / "bench.md").write_text(md)
+    (args.results / "bench.json").write_text(json.dumps({"meta": meta, "table": table, "runs": runs}, indent=2))
+    chart(table, args.results / "bench.png")
+    shutil.rmtree(work, ignore_errors=True)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
