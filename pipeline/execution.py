@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -94,14 +95,18 @@ def configure_data_context(cfg: RunConfig) -> None:
 
 def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageSettings,
            session_options: dict[str, Any], writer: ManifestWriter) -> tuple[str, dict[str, Any]]:
+    t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
+    t_connected = time.monotonic()
     cpus = cluster_cpus()
     size = pool_size(cfg, cpus, started_locally)
     configure_data_context(cfg)
     spec = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size, session_options)
     model_ref = ray.put(model.data)  # once; every actor reads it from the object store
     ds = build_graph(items, model_ref, settings, spec)
+    t_first = None
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        t_first = t_first or time.monotonic()
         writer.add(batch)
     placement = {
         "cluster_cpus": cpus,
@@ -110,6 +115,9 @@ def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageS
         # A killed actor is restarted by Ray as a new process; its in-flight batches are retried.
         "actor_processes": len(writer.actors),
         "actor_restarts": sum(a.endswith("+restarted") for a in writer.actors),
+        # Cold start, split: joining/starting Ray, then graph start to the first manifest rows.
+        "ray_connect_s": round(t_connected - t0, 3),
+        "connect_to_first_rows_s": round(t_first - t_connected, 3) if t_first else None,
     }
     try:
         stats = ds.stats()
