@@ -32,6 +32,9 @@ def test_gcp_yaml_passes_the_launchers_own_validation():
     assert "arm64" in types["arm_72"]["node_config"]["disks"][0]["initializeParams"]["sourceImage"]
     assert any(n["node_config"].get("scheduling", {}).get("provisioningModel") == "SPOT" for n in types.values())
     assert any("make setup" in c for c in cfg["setup_commands"]) and cfg["idle_timeout_minutes"] > 0
+    # Idle workers must survive beside a full pool (see cluster/README.md).
+    for cmds in (cfg["head_start_ray_commands"], cfg["worker_start_ray_commands"]):
+        assert any("RAY_num_workers_soft_limit=" in c for c in cmds)
 
 
 def test_gcp_yaml_rejects_what_the_launcher_rejects():
@@ -63,6 +66,7 @@ def check_cluster_spec(spec: dict) -> None:
         assert "rayStartParams" in group
         container = group["template"]["spec"]["containers"][0]
         assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"]
+        assert {"name": "RAY_num_workers_soft_limit", "value": "1024"} in container["env"]
 
 
 def test_kuberay_raycluster_and_rayjob():

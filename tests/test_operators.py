@@ -156,3 +156,21 @@ def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
 def test_missing_source_is_a_row_not_an_exception(tmp_path):
     row = prepare_image(str(tmp_path / "nope.jpg"), "nope.jpg", StageSettings(output=str(tmp_path / "out")))
     assert row["status"] == "error" and row["error"] == "read: not found"
+
+
+def test_low_precision_model_warns_without_bf16_hardware(monkeypatch, caplog):
+    from pipeline import model as model_mod
+
+    monkeypatch.setattr(model_mod, "has_bf16_hardware", lambda: False)
+    with caplog.at_level("WARNING", logger="maskray"):
+        model_mod.warn_low_precision("m.onnx", ("tensor(float16)",))
+        model_mod.warn_low_precision("ok.onnx", ("tensor(float)",))
+    assert len(caplog.records) == 1 and "no avx512_bf16/amx_bf16" in caplog.records[0].getMessage()
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo():
+    from pipeline.sysinfo import cpu_flags, machine_info
+
+    info = machine_info()
+    assert info["cpu_flags"] == list(cpu_flags()) and len(info["cpu_flags"]) > 10
+    assert isinstance(info["bf16_hardware"], bool)
