@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 from operators import preprocess, session  # noqa: E402
 from operators.decode import decode_rgb  # noqa: E402
 from pipeline.config import DEFAULT_MODEL  # noqa: E402
+from pipeline.report import PUBLISHED_PRICE_384  # noqa: E402
 from pipeline.sysinfo import machine_info  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 REMBG_VENV = ROOT / ".venv-rembg"
-PUBLISHED_PRICE_384 = 5.20  # $/h for a 384-vCPU c4d node, as published; scaled per vCPU below
 
 
 # ------------------------------------------------------------------ measuring a run
@@ -171,25 +171,24 @@ def manifest_metrics(out: Path) -> dict[str, Any]:
             "stage_ms_mean": stages, "summary_seconds": summary["seconds"]}
 
 
-def run_maskray(files: list[Path], work: Path, extra: list[str] | None = None) -> dict[str, Any]:
-    out = work / "out-maskray"
+def run_pipeline(files: list[Path], work: Path, name: str, cmd: list[str]) -> dict[str, Any]:
+    """A contender that writes maskray's manifest and summary (maskray itself, the naive graph)."""
+    out = work / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(ROOT / ".venv" / "bin" / "maskray"), "run", "--input", str(files[0].parent), "--output", str(out),
-           "--no-progress", *(extra or [])]
-    wall, sampler, _ = timed_subprocess(cmd, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    wall, sampler, _ = timed_subprocess([*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
             "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
             "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20, **manifest_metrics(out)}
+
+
+def run_maskray(files: list[Path], work: Path) -> dict[str, Any]:
+    cli = str(ROOT / ".venv" / "bin" / "maskray")
+    return run_pipeline(files, work, "maskray",
+                        [cli, "run", "--no-progress", "--input", str(files[0].parent), "--output"])
 
 
 def run_naive(files: list[Path], work: Path) -> dict[str, Any]:
-    out = work / "out-naive"
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, str(ROOT / "bench" / "naive.py"), str(files[0].parent), str(out)]
-    wall, sampler, _ = timed_subprocess(cmd, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
-            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
-            "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20, **manifest_metrics(out)}
+    return run_pipeline(files, work, "naive", [sys.executable, str(ROOT / "bench" / "naive.py"), str(files[0].parent)])
 
 
 # ------------------------------------------------------------------ 3. rembg

@@ -124,7 +124,7 @@ def _fetch(source: str, s: StageSettings) -> bytes:
         raise ImageError(f"too_large: {size} bytes > max_bytes ({s.max_bytes})")
     if size == 0:
         raise ImageError("empty: zero-byte file")
-    return storage.read_bytes(source, s.storage_options)
+    return storage.with_retries(lambda: fs.cat_file(path))
 
 
 def _outputs_exist(row: dict[str, Any], s: StageSettings) -> bool:

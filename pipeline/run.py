@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,7 +32,6 @@ class RunResult:
     exit_code: int
     manifest_dir: str
     stats: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def new_run_id() -> str:

@@ -11,11 +11,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-from tests.servers import free_port
+from tests.servers import free_port, wait_http_ok
 
 BIN = Path(sys.executable).parent
 
@@ -45,20 +43,8 @@ class RayHead:
              f"--temp-dir={self.temp_dir}", *(extra_args or [])],
             stdout=self.log, stderr=self.log, env=self.env, start_new_session=True,
         )
-        self.wait_ready()
-
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ray head exited early; see {self.log.name}")
-            try:
-                with urllib.request.urlopen(f"{self.dashboard}/api/version", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"ray head not ready; see {self.log.name}")
+        wait_http_ok(f"{self.dashboard}/api/version", 90.0, f"ray head (log: {self.log.name})",
+                     lambda: self.proc.poll() is None)
 
     def stop(self) -> None:
         try:

