@@ -8,7 +8,7 @@ INPUT  ?= samples
 OUTPUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench clean submit
+.PHONY: setup run test lint bench bench-int8 bench-ort clean submit
 
 setup: $(STAMP) $(MODEL)
 
@@ -43,3 +43,11 @@ submit: setup
 BENCH_ARGS ?=
 bench: setup
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
+
+# Side experiments: ORT session options, and int8 QDQ quantisation (speed-up and mask agreement).
+bench-ort: setup
+	$(BIN)/python bench/ort_options.py
+
+bench-int8: setup
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/python bench/int8.py
