@@ -154,6 +154,9 @@ def timed_subprocess(cmd: list[str], env: dict[str, str] | None = None) -> tuple
     return time.perf_counter() - t0, sampler, output
 
 
+STEADY_MIN_MASKS = 30
+
+
 def manifest_metrics(out: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
@@ -161,10 +164,14 @@ def manifest_metrics(out: Path) -> dict[str, Any]:
     rows = pq.read_table(out / "_manifest" / summary["run_id"]).to_pandas()
     rows = rows[rows.status == "ok"].sort_values("finished_at")
     latency = (rows.finished_at - rows.started_at) * 1000
-    # Steady state: throughput between the 10th and the last mask, after start-up is done.
-    k = min(10, len(rows) - 2)
-    span = rows.finished_at.iloc[-1] - rows.finished_at.iloc[k]
-    steady = (len(rows) - 1 - k) / span if span > 0 else None
+    # Steady state: throughput from the k-th to the last mask, once start-up is done. Masks finish
+    # a batch at a time, so a window of a few masks measures batch timing, not throughput: below
+    # STEADY_MIN_MASKS in the window there is no steady figure (the table shows "-").
+    k = max(10, len(rows) // 5)
+    steady = None
+    if len(rows) - 1 - k >= STEADY_MIN_MASKS:
+        span = rows.finished_at.iloc[-1] - rows.finished_at.iloc[k]
+        steady = (len(rows) - 1 - k) / span if span > 0 else None
     stages = {c[:-3]: float(rows[c].mean()) for c in rows.columns if c.endswith("_ms")}
     return {"steady_images_per_second": steady, "latency_p50_ms": float(latency.quantile(0.5)),
             "latency_p95_ms": float(latency.quantile(0.95)), "cold_start_s": summary["seconds_to_first_mask"],

@@ -101,7 +101,8 @@ def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageS
     cpus = cluster_cpus()
     size = pool_size(cfg, cpus, started_locally)
     configure_data_context(cfg)
-    spec = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size, session_options)
+    spec = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size, session_options,
+                     cluster_cpus=cpus)
     model_ref = ray.put(model.data)  # once; every actor reads it from the object store
     ds = build_graph(items, model_ref, settings, spec)
     t_first = None

@@ -31,6 +31,7 @@ class GraphSpec:
     write_cpus: float
     batch_size: int
     session_options: dict[str, Any]
+    cluster_cpus: float = 0.0
 
 
 def items_dataset(items: pa.Table, batch_size: int) -> ray.data.Dataset:
@@ -40,18 +41,26 @@ def items_dataset(items: pa.Table, batch_size: int) -> ray.data.Dataset:
     return ray.data.from_arrow(slices or [items])
 
 
-def cpu_task_slots(pool_size: int) -> int:
+def cpu_task_slots(spec: GraphSpec) -> int:
     """Concurrent decode (and write) tasks. A batch of 4 decodes in ~60 ms and infers in ~2 s
     per actor, so one task slot keeps ~8 actors fed; more slots only start more worker processes,
-    whose imports (~1.7 s of CPU each) compete with inference, most of all at start-up."""
-    return max(2, math.ceil(pool_size / 8))
+    whose imports (~1.7 s of CPU each) compete with inference, most of all at start-up.
+
+    Never more than fit beside the pool with one slot of each stage: decode runs ahead of
+    inference, so if its tasks may take every spare CPU, no write task can start until all
+    inputs are decoded (seen here: on 2 CPUs the first mask waited ~3 s, writes came in bursts).
+    """
+    pool_cpus = spec.pool_size * spec.cpus_per_actor
+    planned = max(spec.cluster_cpus, pool_cpus + spec.decode_cpus + spec.write_cpus)  # growth is requested
+    fit = int((planned - pool_cpus + 1e-9) // (spec.decode_cpus + spec.write_cpus))
+    return max(1, min(max(2, math.ceil(spec.pool_size / 8)), fit))
 
 
 def build_graph(
     items: pa.Table, model_ref: ray.ObjectRef, settings: StageSettings, spec: GraphSpec
 ) -> ray.data.Dataset:
     ds = items_dataset(items, spec.batch_size)
-    tasks = TaskPoolStrategy(size=cpu_task_slots(spec.pool_size))
+    tasks = TaskPoolStrategy(size=cpu_task_slots(spec))
     ds = ds.map_batches(  # read + decode + resize to 320x320 uint8 (the float tensor is built in the actor)
         prepare_batch, fn_kwargs={"settings": settings}, batch_size=spec.batch_size,
         batch_format="numpy", num_cpus=spec.decode_cpus, compute=tasks,

@@ -165,3 +165,24 @@ def test_pool_that_cannot_fit_fails_fast(tmp_path, catalog):
     with pytest.raises(ConfigError, match="do not fit"):
         pool_size(cfg, 2.0, started_locally=True)
     assert pool_size(resolve_config({"input": "a", "output": "b"}, environ={}), 2.0, True) == 2
+
+
+@pytest.mark.parametrize(
+    ("cluster_cpus", "pool", "expected"),
+    [
+        (2.0, 2, 1),  # 2 x 0.75 + one decode + one write slot is the whole machine
+        (384.0, 384, 48),  # one slot per ~8 actors, well inside the 96 CPUs left beside the pool
+        (2.0, 16, 1),  # pool waiting for the autoscaler: sized for the cluster it asked for
+        (8.0, 4, 2),
+    ],
+)
+def test_task_slots_always_leave_room_for_writes(cluster_cpus, pool, expected):
+    """Decode runs ahead of inference; if its tasks could hold every spare CPU, no write could
+    start until all inputs were decoded."""
+    from pipeline.graph import GraphSpec, cpu_task_slots
+
+    spec = GraphSpec(pool, 0.75, 0.25, 0.25, 4, {}, cluster_cpus=cluster_cpus)
+    slots = cpu_task_slots(spec)
+    assert slots == expected
+    planned = max(cluster_cpus, pool * 0.75 + 0.5)
+    assert pool * 0.75 + slots * 0.5 <= planned + 1e-9
