@@ -39,7 +39,7 @@ SUBMIT_ARGS ?=
 submit: setup
 	$(BIN)/maskray submit --input $(INPUT) --output $(OUTPUT) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) $(SUBMIT_ARGS)
 
-# Benchmark: ceiling vs maskray vs rembg vs naive Ray Data, interleaved. BENCH_ARGS="--images 300 --rounds 3"
+# Benchmark: ceiling vs maskray vs rembg vs naive Ray Data, interleaved (default 300 images x 3 rounds, ~25 min on 2 CPUs). BENCH_ARGS="--images 120 --rounds 2"
 BENCH_ARGS ?=
 bench: setup
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)

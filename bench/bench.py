@@ -308,8 +308,8 @@ CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=120)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--images", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", nargs="*", choices=list(CONTENDERS), default=list(CONTENDERS))
     ap.add_argument("--cpus", type=int, default=os.cpu_count())
     ap.add_argument("--price-per-hour", type=float, default=None,
