@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,9 @@ class InferenceActor:
         ctx = ray.get_runtime_context()
         self.node = ctx.get_node_id()
         # "+restarted" marks a process Ray started again after this actor died (the summary counts them).
-        restarted = "+restarted" if getattr(ctx, "was_current_actor_reconstructed", False) else ""
+        with warnings.catch_warnings():  # Ray's own property reads its deprecated `actor_id`: not ours to fix
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = "+restarted" if getattr(ctx, "was_current_actor_reconstructed", False) else ""
         self.actor = f"{(ctx.get_actor_id() or 'driver')[:12]}@{os.getpid()}{restarted}"
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,28 @@
+"""`make bench`'s harness on a tiny input: the ceiling and maskray contenders, one round, real
+model and real Ray. Checks the outputs it promises, not speed (speed is for the benchmark)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import bench
+
+
+@pytest.mark.slow
+def test_bench_writes_table_json_and_chart(tmp_path, capsys):
+    assert bench.main(["--images", "8", "--rounds", "1", "--only", "maskray", "--results", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert set(data["table"]) == {"ceiling", "maskray"}
+    ceiling, maskray = data["table"]["ceiling"], data["table"]["maskray"]
+    assert ceiling["fraction_of_ceiling"] == 1.0
+    assert 0 < maskray["images_per_second"]["median"] and maskray["cold_start_s"] > 0
+    assert 0 < maskray["latency_p50_ms"] <= maskray["latency_p95_ms"]
+    # 8 masks are too few for a steady-state figure: it is reported as missing, not made up.
+    assert maskray["steady_images_per_second"]["median"] is None
+    assert maskray["cost_per_million_usd"] > ceiling["cost_per_million_usd"] > 0
+    md = (tmp_path / "bench.md").read_text()
+    assert "| maskray |" in md and md in capsys.readouterr().out
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "work").exists()
