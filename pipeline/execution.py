@@ -13,7 +13,7 @@ from ray.data import DataContext
 
 from operators.stages import StageSettings
 from pipeline.config import ConfigError, RunConfig
-from pipeline.graph import GraphSpec, build_graph
+from pipeline.graph import GraphSpec, build_graph, prepared_batch_bytes
 from pipeline.manifest import ManifestWriter
 from pipeline.model import LoadedModel
 
@@ -89,8 +89,8 @@ def configure_data_context(cfg: RunConfig) -> None:
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = cfg.progress
     ctx.execution_options.preserve_order = False
-    # Blocks here are a handful of images; keep them small so memory stays flat and bounded.
-    ctx.target_max_block_size = 64 * 1024 * 1024
+    # One prepared batch per block: memory stays flat and bounded, and batches stream.
+    ctx.target_max_block_size = prepared_batch_bytes(cfg.batch_size)
 
 
 def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageSettings,

@@ -20,6 +20,7 @@ import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
 from operators.actor import InferenceActor
+from operators.preprocess import MODEL_SIZE
 from operators.stages import StageSettings, finish_batch, prepare_batch
 
 
@@ -34,11 +35,38 @@ class GraphSpec:
     cluster_cpus: float = 0.0
 
 
+# Building the dataset costs the driver one object-store put per input block (~1-2 ms each on a
+# 2-CPU box): cap the count so a million-image catalog starts in seconds, not minutes.
+MAX_INPUT_BLOCKS = 2000
+
+
+def rows_per_input_block(n: int, batch_size: int) -> int:
+    """One batch per block up to MAX_INPUT_BLOCKS blocks, then whole batches per block."""
+    return batch_size * max(1, math.ceil(n / (batch_size * MAX_INPUT_BLOCKS)))
+
+
 def items_dataset(items: pa.Table, batch_size: int) -> ray.data.Dataset:
-    """One block per batch: every block is a separately schedulable unit, so masks start
-    flowing after one batch rather than one large block, and a retried task redoes little."""
-    slices = [items.slice(i, batch_size) for i in range(0, items.num_rows, batch_size)]
-    return ray.data.from_arrow(slices or [items])
+    """Input blocks of whole batches, built on the driver with no Ray task per block.
+
+    ``from_arrow`` on a list of tables runs one metadata task per table (measured here: 2.3 s for
+    300 images, i.e. O(n) tasks); ``from_blocks`` computes the metadata locally and keeps the
+    block count. Every block is a separately schedulable unit, so the first masks flow after one
+    batch, and a block holding many batches still streams one output block per batch (see
+    ``prepared_batch_bytes``).
+    """
+    rows = rows_per_input_block(items.num_rows, batch_size)
+    return ray.data.from_blocks([items.slice(i, rows) for i in range(0, items.num_rows, rows)] or [items])
+
+
+def prepared_batch_bytes(batch_size: int) -> int:
+    """Ray Data's target block size for this graph: just under one prepared batch.
+
+    A task's output is cut into a new block once it exceeds the target, so each prepared batch
+    (``batch_size`` x 320x320x3 uint8 plus small columns) leaves its decode task as soon as it is
+    ready and the pool never waits for a whole input block to be decoded. Blocks are sliced only
+    above 1.5x the target, so a batch is not split unless it carries large originals (cutouts).
+    """
+    return int(batch_size * MODEL_SIZE[0] * MODEL_SIZE[1] * 3 * 0.9)
 
 
 def cpu_task_slots(spec: GraphSpec) -> int:

@@ -186,3 +186,38 @@ def test_task_slots_always_leave_room_for_writes(cluster_cpus, pool, expected):
     assert slots == expected
     planned = max(cluster_cpus, pool * 0.75 + 0.5)
     assert pool * 0.75 + slots * 0.5 <= planned + 1e-9
+
+
+def test_input_blocks_are_whole_batches_and_capped():
+    """The driver builds the items dataset itself: one put per block, capped for huge catalogs."""
+    import math
+
+    from pipeline.graph import MAX_INPUT_BLOCKS, items_dataset, rows_per_input_block
+
+    assert rows_per_input_block(10, 4) == 4
+    for n in (MAX_INPUT_BLOCKS * 4, MAX_INPUT_BLOCKS * 4 + 1, 1_000_000):
+        rows = rows_per_input_block(n, 4)
+        assert rows % 4 == 0 and math.ceil(n / rows) <= MAX_INPUT_BLOCKS
+    import pyarrow as pa
+
+    items = pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]})
+    ds = items_dataset(items, 4)
+    assert ds.num_blocks() == 3 and ds.count() == 10
+
+
+def test_a_block_of_many_batches_still_feeds_every_actor(tmp_path, monkeypatch, data_context):
+    """When a catalog is big enough that input blocks hold many batches, each prepared batch must
+    still leave its decode task as its own block: otherwise one actor gets the whole block while
+    the rest of the pool idles."""
+    import pipeline.graph
+
+    monkeypatch.setattr(pipeline.graph, "MAX_INPUT_BLOCKS", 1)  # every input in one block
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(16):
+        (src / f"{i:02d}.jpg").write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
+    out = tmp_path / "out"
+    assert main(["run", "--input", str(src), "--output", str(out), "--no-progress", "--batch-size", "2"]) == 0
+    _, rows = load_manifest(out)
+    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)
+    assert len({r["actor"] for r in rows}) == 2
