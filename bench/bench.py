@@ -7,6 +7,8 @@ round by round so that a noisy machine shows up as spread (min/median/max), not 
 2. maskray  - the CLI with its default config, files to masks
 3. rembg    - ``rembg p -m u2netp`` in its own venv, model pointed at ours via U2NET_HOME
 4. naive    - the same operators with Ray Data's defaults (autoscaling pool from 1, ORT default threads)
+5. maskray-ray-up - maskray's command joining a Ray head started before the timer, as a job on a
+   running cluster does: the local Ray start (and its shutdown) is the only difference from 2.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ REMBG_VENV = ROOT / ".venv-rembg"
 class Sampler:
     """Samples machine CPU busy fraction and the RSS of a process tree while a run goes."""
 
-    def __init__(self, root_pid: int | None = None, interval: float = 0.25) -> None:
-        self.root_pid, self.interval = root_pid, interval
+    def __init__(self, root_pid: int | None = None, interval: float = 0.25, extra_roots: tuple[int, ...] = ()) -> None:
+        self.roots, self.interval = (root_pid or os.getpid(), *extra_roots), interval
         self.cpu: list[float] = []
         self.peak_rss = 0
         self.peak_rss_per_proc: dict[str, int] = {}
@@ -64,11 +66,14 @@ class Sampler:
         self._thread.join()
 
     def _tree(self) -> list[psutil.Process]:
-        root = psutil.Process(self.root_pid or os.getpid())
-        try:
-            return [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return [root]
+        procs = []
+        for pid in self.roots:
+            try:
+                root = psutil.Process(pid)
+                procs += [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+        return procs
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -144,10 +149,13 @@ def run_ceiling(files: list[Path], cpus: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ 2. maskray, 4. naive
 
-def timed_subprocess(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, Sampler, str]:
+def timed_subprocess(cmd: list[str], env: dict[str, str] | None = None,
+                     extra_roots: tuple[int, ...] = ()) -> tuple[float, Sampler, str]:
+    """Wall time of ``cmd``; memory is sampled over its process tree and ``extra_roots``' trees
+    (a running Ray head's, whose workers host the actors of a job that joins it)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    with Sampler(proc.pid) as sampler:
+    with Sampler(proc.pid, extra_roots=extra_roots) as sampler:
         output, _ = proc.communicate()
     if proc.returncode not in (0,):
         raise RuntimeError(f"{cmd[0]} exited {proc.returncode}:\n{output[-3000:]}")
@@ -184,11 +192,13 @@ def manifest_metrics(out: Path) -> dict[str, Any]:
             "stage_ms_mean": stages, "summary_seconds": summary["seconds"]}
 
 
-def run_pipeline(files: list[Path], work: Path, name: str, cmd: list[str]) -> dict[str, Any]:
+def run_pipeline(files: list[Path], work: Path, name: str, cmd: list[str],
+                 extra_roots: tuple[int, ...] = ()) -> dict[str, Any]:
     """A contender that writes maskray's manifest and summary (maskray itself, the naive graph)."""
     out = work / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
-    wall, sampler, _ = timed_subprocess([*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    wall, sampler, _ = timed_subprocess([*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                                        extra_roots=extra_roots)
     return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
             "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
             "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20, **manifest_metrics(out)}
@@ -198,6 +208,27 @@ def run_maskray(files: list[Path], work: Path) -> dict[str, Any]:
     cli = str(ROOT / ".venv" / "bin" / "maskray")
     return run_pipeline(files, work, "maskray",
                         [cli, "run", "--no-progress", "--input", str(files[0].parent), "--output"])
+
+
+def run_maskray_ray_up(files: list[Path], work: Path, cpus: int) -> dict[str, Any]:
+    """maskray joining a running Ray: a fresh head per round, started (and settled) before the timer."""
+    from tests.ray_heads import RayHead
+
+    log_dir = work / "ray-head"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # The same soft limit the cluster configs set on every node (see cluster/README.md).
+    head = RayHead(log_dir, cpus, env={"RAY_num_workers_soft_limit": "1024"})
+    try:
+        time.sleep(HEAD_SETTLE_S)
+        cli = str(ROOT / ".venv" / "bin" / "maskray")
+        cmd = [cli, "run", "--no-progress", "--address", head.address, "--input", str(files[0].parent), "--output"]
+        return run_pipeline(files, work, "maskray-ray-up", cmd, extra_roots=(head.proc.pid,))
+    finally:
+        head.stop()
+
+
+# A head's own start-up (agents, dashboard) keeps the CPUs busy for a few seconds after it answers.
+HEAD_SETTLE_S = 5.0
 
 
 def run_naive(files: list[Path], work: Path) -> dict[str, Any]:
@@ -297,7 +328,7 @@ def chart(table: dict[str, Any], path: Path) -> None:
     lo = [m - table[n]["images_per_second"]["min"] for n, m in zip(names, med, strict=True)]
     hi = [table[n]["images_per_second"]["max"] - m for n, m in zip(names, med, strict=True)]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=["#999", "#2a7", "#c63", "#36c"][: len(names)])
+    ax.bar(names, med, yerr=[lo, hi], capsize=6, color=["#999", "#2a7", "#c63", "#36c", "#7c5"][: len(names)])
     ax.set_ylabel("images / s (end to end)")
     ax.set_title("maskray vs ceiling, rembg and naive Ray Data (min/median/max)")
     fig.tight_layout()
@@ -309,6 +340,7 @@ CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
     "maskray": lambda files, work, cpus: run_maskray(files, work),
     "rembg": lambda files, work, cpus: run_rembg(files, work),
     "naive": lambda files, work, cpus: run_naive(files, work),
+    "maskray-ray-up": run_maskray_ray_up,
 }
 
 

@@ -1,8 +1,8 @@
 """The "first version" contender: maskray's own operators wired with Ray Data's defaults.
 
-Differences from pipeline.graph, on purpose: ``from_items`` blocks, default 1-CPU tasks, an
-autoscaling actor pool that starts at 1 (no ``compute=``), and ONNX Runtime's default thread
-count (0 = all cores per session). Everything else (manifest, summary) is maskray's.
+Differences from pipeline.graph, on purpose: ``from_items`` blocks, Ray Data's default block size,
+default 1-CPU tasks, an autoscaling actor pool that starts at 1 (no ``compute=``), and ONNX
+Runtime's default thread count (0 = all cores per session). Everything else (manifest, summary) is maskray's.
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ def naive_graph(items, model_ref, settings, spec):
     return ds.map_batches(finish_batch, fn_kwargs={"settings": settings}, batch_format="numpy")
 
 
+def naive_data_context(cfg) -> None:
+    """Ray Data's own defaults (block size, ordering), progress bars off as for every contender."""
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+
 def main() -> int:
     execution.build_graph = naive_graph
+    execution.configure_data_context = naive_data_context
     cfg = resolve_config({"input": sys.argv[1], "output": sys.argv[2], "progress": False, "pool_size": 1})
     result = execute(cfg)
     print(result.summary["images_per_second"])
