@@ -2,6 +2,10 @@
 
 All contenders run on the same folder of real photos (the samples, repeated), interleaved
 round by round so that a noisy machine shows up as spread (min/median/max), not as a false ratio.
+The machine's speed also drifts within a round (a shared host: the ceiling measured 3.38 img/s
+in one round and 1.63 in the next), so a short ceiling probe runs before and after every
+contender, and each run's "x ceiling" divides by the probes on either side of it: a ratio
+measured side by side, not across minutes.
 
 1. ceiling  - N single-threaded ONNX Runtime sessions in N processes on preprocessed tensors
 2. maskray  - the CLI with its default config, files to masks
@@ -243,6 +247,9 @@ def ensure_rembg() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(REMBG_VENV)], check=True)
         subprocess.run([str(REMBG_VENV / "bin" / "pip"), "install", "-q", "rembg[cli]==2.0.86",
                         "onnxruntime==1.32.0"], check=True)
+        # The first import compiles and caches pymatting's numba kernels: a one-time cost of the
+        # install, not of a run, so it is paid here and not inside round 1.
+        subprocess.run([str(REMBG_VENV / "bin" / "python"), "-c", "import rembg"], check=True)
     return rembg
 
 
@@ -271,8 +278,18 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
     return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
 
 
+def paired(rs: list[dict], key: str) -> dict[str, float | None]:
+    """Spread of each run's ``key`` over the ceiling probes taken just before and after it."""
+    return spread([r[key] / r["ceiling_nearby"] if r.get(key) else None for r in rs])
+
+
+def versus(rs: list[dict], ref: list[dict]) -> dict[str, float | None]:
+    """Round by round: (run / its probes) over (the reference's run / its probes)."""
+    return spread([(r["images_per_second"] / r["ceiling_nearby"]) / (b["images_per_second"] / b["ceiling_nearby"])
+                   for r, b in zip(rs, ref, strict=True)])
+
+
 def summarise(runs: dict[str, list[dict]], cpus: int, price_per_hour: float) -> dict[str, Any]:
-    ceiling = statistics.median(r["images_per_second"] for r in runs["ceiling"])
     table = {}
     for name, rs in runs.items():
         ips = spread([r["images_per_second"] for r in rs])
@@ -280,7 +297,9 @@ def summarise(runs: dict[str, list[dict]], cpus: int, price_per_hour: float) -> 
             "images_per_second": ips,
             "steady_images_per_second": spread([r.get("steady_images_per_second") for r in rs]),
             "per_cpu": ips["median"] / cpus,
-            "fraction_of_ceiling": ips["median"] / ceiling,
+            "fraction_of_ceiling": paired(rs, "images_per_second"),
+            "steady_fraction_of_ceiling": paired(rs, "steady_images_per_second"),
+            "versus_rembg": versus(rs, runs["rembg"]) if "rembg" in runs else None,
             "latency_p50_ms": spread([r.get("latency_p50_ms") for r in rs])["median"],
             "latency_p95_ms": spread([r.get("latency_p95_ms") for r in rs])["median"],
             "cpu_utilisation": spread([r["cpu_utilisation"] for r in rs])["median"],
@@ -301,15 +320,19 @@ def markdown(table: dict[str, Any], meta: dict[str, Any]) -> str:
         f"`{meta['command']}` on {meta['machine']['cpu_model']} ({meta['cpus']} CPUs), {meta['images']} images, "
         f"{meta['rounds']} interleaved rounds, {meta['date']}",
         "",
-        "| contender | img/s min / median / max | steady img/s | img/s per CPU | × ceiling | p50 / p95 ms per image "
+        "| contender | img/s min / median / max | steady img/s | img/s per CPU | × ceiling min / median / max "
+        "| steady × ceiling | × rembg | p50 / p95 ms per image "
         "| CPU util | peak RSS total / per actor MB | cold start s | $ per 1M |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in table.items():
-        ips = r["images_per_second"]
+        ips, frac = r["images_per_second"], r["fraction_of_ceiling"]
         lines.append(
             f"| {name} | {fmt(ips['min'])} / {fmt(ips['median'])} / {fmt(ips['max'])} "
-            f"| {fmt(r['steady_images_per_second']['median'])} | {fmt(r['per_cpu'])} | {fmt(r['fraction_of_ceiling'])} "
+            f"| {fmt(r['steady_images_per_second']['median'])} | {fmt(r['per_cpu'])} "
+            f"| {fmt(frac['min'])} / {fmt(frac['median'])} / {fmt(frac['max'])} "
+            f"| {fmt(r['steady_fraction_of_ceiling']['median'])} "
+            f"| {fmt((r['versus_rembg'] or {}).get('median'))} "
             f"| {fmt(r['latency_p50_ms'], '.0f')} / {fmt(r['latency_p95_ms'], '.0f')} | {fmt(r['cpu_utilisation'])} "
             f"| {fmt(r['peak_rss_total_mb'], '.0f')} / {fmt(r['peak_rss_per_actor_mb'], '.0f')} "
             f"| {fmt(r['cold_start_s'], '.1f')} | {fmt(r['cost_per_million_usd'])} |"
@@ -344,6 +367,31 @@ CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
+PROBE_IMAGES_PER_CPU = 8  # ~3 s of model time per CPU: short beside a contender, long beside timer noise
+
+
+def probe(files: list[Path], cpus: int) -> float:
+    """The ceiling right now, on a few of the same photos."""
+    return run_ceiling(files[: PROBE_IMAGES_PER_CPU * cpus], cpus)["images_per_second"]
+
+
+def run_rounds(names: list[str], files: list[Path], work: Path, cpus: int, rounds: int) -> dict[str, list[dict]]:
+    """probe, contender, probe, contender, ..., probe: each run keeps the mean of its two probes."""
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    before = probe(files, cpus)
+    for rnd in range(rounds):
+        for name in names:
+            result = CONTENDERS[name](files, work, cpus)
+            after = probe(files, cpus)
+            result["ceiling_nearby"] = (before + after) / 2
+            runs[name].append(result)
+            print(f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s "
+                  f"({result['images_per_second'] / result['ceiling_nearby']:.2f} x the ceiling probes "
+                  f"{before:.2f} / {after:.2f})", flush=True)
+            before = after
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=300)
@@ -357,14 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     price = args.price_per_hour if args.price_per_hour is not None else PUBLISHED_PRICE_384 / 384 * args.cpus
     work = args.results / "work"
     files = make_inputs(args.images, work / "in")
-    runs: dict[str, list[dict]] = {n: [] for n in args.only if n in CONTENDERS}
-    if "ceiling" not in runs:
-        runs = {"ceiling": [], **runs}
-    for rnd in range(args.rounds):
-        for name in runs:
-            result = CONTENDERS[name](files, work, args.cpus)
-            runs[name].append(result)
-            print(f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s", flush=True)
+    names = ["ceiling", *(n for n in args.only if n != "ceiling")]
+    runs = run_rounds(names, files, work, args.cpus, args.rounds)
     table = summarise(runs, args.cpus, price)
     meta = {"command": " ".join(["make bench", *(argv or sys.argv[1:])]), "cpus": args.cpus, "images": args.images,
             "rounds": args.rounds, "price_per_hour": price, "date": time.strftime("%Y-%m-%d"),
