@@ -4,8 +4,8 @@ All contenders run on the same folder of real photos (the samples, repeated), in
 round by round so that a noisy machine shows up as spread (min/median/max), not as a false ratio.
 The machine's speed also drifts within a round (a shared host: the ceiling measured 3.38 img/s
 in one round and 1.63 in the next), so a short ceiling probe runs before and after every
-contender, and each run's "x ceiling" divides by the probes on either side of it: a ratio
-measured side by side, not across minutes.
+contender and each run is divided by the probes on either side of it; "x ceiling" and "x rembg"
+compare those normalised rates within a round: ratios measured side by side, not across minutes.
 
 1. ceiling  - N single-threaded ONNX Runtime sessions in N processes on preprocessed tensors
 2. maskray  - the CLI with its default config, files to masks
@@ -84,13 +84,14 @@ class Sampler:
             self.cpu.append(psutil.cpu_percent(None) / 100)
             total = 0
             for proc in self._tree():
-                try:
+                try:  # a process may exit between any two reads (Ray ends workers all the time)
                     rss = proc.memory_info().rss
-                    name = " ".join(proc.cmdline()[:1] + [proc.name()])[:80]
+                    title = proc.name()
+                    name = " ".join(proc.cmdline()[:1] + [title])[:80]
                 except psutil.Error:
                     continue
                 total += rss
-                key = "actor" if "InferenceActor" in proc.name() or "MapWorker" in proc.name() else name
+                key = "actor" if "InferenceActor" in title or "MapWorker" in title else name
                 self.peak_rss_per_proc[key] = max(self.peak_rss_per_proc.get(key, 0), rss)
             self.peak_rss = max(self.peak_rss, total)
 
@@ -278,15 +279,20 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
     return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
 
 
-def paired(rs: list[dict], key: str) -> dict[str, float | None]:
-    """Spread of each run's ``key`` over the ceiling probes taken just before and after it."""
-    return spread([r[key] / r["ceiling_nearby"] if r.get(key) else None for r in rs])
+def speed(r: dict[str, Any], key: str = "images_per_second") -> float | None:
+    """A run's rate over the ceiling probes taken just before and after it."""
+    return r[key] / r["ceiling_nearby"] if r.get(key) else None
 
 
-def versus(rs: list[dict], ref: list[dict]) -> dict[str, float | None]:
-    """Round by round: (run / its probes) over (the reference's run / its probes)."""
-    return spread([(r["images_per_second"] / r["ceiling_nearby"]) / (b["images_per_second"] / b["ceiling_nearby"])
-                   for r, b in zip(rs, ref, strict=True)])
+def versus(rs: list[dict], ref: list[dict], key: str = "images_per_second") -> dict[str, float | None]:
+    """Round by round, ``speed(run) / speed(reference run)``: both divided by their own probes, so
+    the host's drift between the two runs cancels, and so does any bias of the short probe
+    against the full-length ceiling when the reference is the ceiling."""
+    ratios = []
+    for r, b in zip(rs, ref, strict=True):
+        run, base = speed(r, key), speed(b)
+        ratios.append(run / base if run is not None and base else None)
+    return spread(ratios)
 
 
 def summarise(runs: dict[str, list[dict]], cpus: int, price_per_hour: float) -> dict[str, Any]:
@@ -297,8 +303,8 @@ def summarise(runs: dict[str, list[dict]], cpus: int, price_per_hour: float) -> 
             "images_per_second": ips,
             "steady_images_per_second": spread([r.get("steady_images_per_second") for r in rs]),
             "per_cpu": ips["median"] / cpus,
-            "fraction_of_ceiling": paired(rs, "images_per_second"),
-            "steady_fraction_of_ceiling": paired(rs, "steady_images_per_second"),
+            "fraction_of_ceiling": versus(rs, runs["ceiling"]),
+            "steady_fraction_of_ceiling": versus(rs, runs["ceiling"], "steady_images_per_second"),
             "versus_rembg": versus(rs, runs["rembg"]) if "rembg" in runs else None,
             "latency_p50_ms": spread([r.get("latency_p50_ms") for r in rs])["median"],
             "latency_p95_ms": spread([r.get("latency_p95_ms") for r in rs])["median"],
