@@ -60,18 +60,27 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0))
 
 
-def pool_size(cfg: RunConfig, cpus: float, started_locally: bool) -> int:
-    """Default: one single-threaded session per CPU. Checks that all stages' reservations fit."""
+def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None) -> int:
+    """Default: one single-threaded session per CPU. Checks that all stages' reservations fit.
+
+    Never more actors than inputs: each would load a model copy only to sit idle, on the CPUs the
+    others start on. The fit check still applies to the pool as configured, so a config that
+    cannot run fails the same way whatever the input.
+    """
     size = cfg.pool_size or max(1, int(cpus))
     need = size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
-    if need <= cpus + 1e-9:
-        return size
-    if started_locally:
+    fits = need <= cpus + 1e-9
+    if not fits and started_locally:
         raise ConfigError(
             f"pool_size: {size} actors x {cfg.cpus_per_actor} CPU + decode {cfg.decode_cpus} + write "
             f"{cfg.write_cpus} = {need:g} CPUs do not fit this machine's {cpus:g} CPUs (the run would hang)"
         )
-    request_cluster_growth(size, cfg)
+    if inputs is not None and inputs < size:
+        log.info("pool of %d actors for %d inputs: starting %d", size, inputs, max(1, inputs))
+        size = max(1, inputs)
+        fits = size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus <= cpus + 1e-9
+    if not fits:
+        request_cluster_growth(size, cfg)
     return size
 
 
@@ -99,7 +108,7 @@ def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageS
     started_locally = connect(cfg, endpoint_env())
     t_connected = time.monotonic()
     cpus = cluster_cpus()
-    size = pool_size(cfg, cpus, started_locally)
+    size = pool_size(cfg, cpus, started_locally, items.num_rows)
     configure_data_context(cfg)
     spec = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size, session_options,
                      cluster_cpus=cpus)

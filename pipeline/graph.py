@@ -45,6 +45,17 @@ def rows_per_input_block(n: int, batch_size: int) -> int:
     return batch_size * max(1, math.ceil(n / (batch_size * MAX_INPUT_BLOCKS)))
 
 
+def batch_size_for(n: int, batch_size: int, pool_size: int) -> int:
+    """The configured batch size, or smaller when there are fewer inputs than a batch per actor.
+
+    Ray Data bundles small blocks up to a map's batch size, so 6 images at batch size 4 would
+    go 4 + 2 to two actors, and 3 images all to one while the other idles: spread them instead.
+    """
+    if 0 < n < batch_size * pool_size:
+        return math.ceil(n / min(n, pool_size))
+    return batch_size
+
+
 def items_dataset(items: pa.Table, batch_size: int) -> ray.data.Dataset:
     """Input blocks of whole batches, built on the driver with no Ray task per block.
 
@@ -87,19 +98,21 @@ def cpu_task_slots(spec: GraphSpec) -> int:
 def build_graph(
     items: pa.Table, model_ref: ray.ObjectRef, settings: StageSettings, spec: GraphSpec
 ) -> ray.data.Dataset:
-    ds = items_dataset(items, spec.batch_size)
-    tasks = TaskPoolStrategy(size=cpu_task_slots(spec))
+    batch = batch_size_for(items.num_rows, spec.batch_size, spec.pool_size)
+    ds = items_dataset(items, batch)
+    # No more task slots than blocks: a tiny run needs no idle slots (and Ray Data warns of them).
+    tasks = TaskPoolStrategy(size=max(1, min(cpu_task_slots(spec), ds.num_blocks())))
     ds = ds.map_batches(  # read + decode + resize to 320x320 uint8 (the float tensor is built in the actor)
-        prepare_batch, fn_kwargs={"settings": settings}, batch_size=spec.batch_size,
+        prepare_batch, fn_kwargs={"settings": settings}, batch_size=batch,
         batch_format="numpy", num_cpus=spec.decode_cpus, compute=tasks,
     )
     ds = ds.map_batches(  # fp32 U2Net-P, one single-threaded session per actor
         InferenceActor,
         fn_constructor_kwargs={"model": model_ref, "session_options": spec.session_options},
-        compute=ActorPoolStrategy(size=spec.pool_size), batch_size=spec.batch_size,
+        compute=ActorPoolStrategy(size=spec.pool_size), batch_size=batch,
         batch_format="numpy", num_cpus=spec.cpus_per_actor,
     )
     return ds.map_batches(  # full-size mask, optional cutout, PNG encode, atomic write -> manifest rows
-        finish_batch, fn_kwargs={"settings": settings}, batch_size=spec.batch_size,
+        finish_batch, fn_kwargs={"settings": settings}, batch_size=batch,
         batch_format="numpy", num_cpus=spec.write_cpus, compute=tasks,
     )

@@ -104,7 +104,9 @@ def run_trial(trial: Trial, sample_dir: str, out_root: Path, model: str | None =
               "images": result.summary["inputs"], "seconds": result.summary["seconds"],
               "images_per_second": result.summary["images_per_second"],
               "hot_images_per_second": (len(ok) - 1 - k) / span if span > 0 else None,
-              "peak_ray_rss_mb": mem.peak / 2**20}
+              "peak_ray_rss_mb": mem.peak / 2**20,
+              # maskray starts no more actors than inputs: what this trial really measured.
+              "pool_started": result.summary["cluster"]["pool_size"]}
     record.update({f"{s}_ms": float(ok[f"{s}_ms"].mean()) if len(ok) else 0.0 for s in STAGES})
     return record
 
@@ -117,11 +119,16 @@ def sweep(input_uri: str, sample_size: int, pool_sizes, threads_per_actor, cpus_
     cluster_cpus = float(ray.cluster_resources().get("CPU", 0))
     work = Path(work_dir or tempfile.mkdtemp(prefix="maskray-tune-"))
     sample_dir = sample_inputs(input_uri, sample_size, work / "sample")
+    sampled = len(list(Path(sample_dir).iterdir()))  # the input may hold fewer than sample_size
     records = []
     for trial in plan(pool_sizes, threads_per_actor, cpus_per_actor, batch_sizes, cluster_cpus):
         if not fits(trial.settings, cluster_cpus, can_grow):
             print(f"skip {trial.factor}={trial.value}: needs more CPUs than the cluster has")
             continue
+        one_batch_each = trial.settings["pool_size"] * trial.settings["batch_size"]
+        if sampled < one_batch_each:
+            print(f"note {trial.factor}={trial.value}: {sampled} images < pool x batch ({one_batch_each}): "
+                  "maskray runs it with fewer actors or smaller batches; take a larger sample to measure it")
         t0 = time.time()
         records.append(run_trial(trial, sample_dir, work / "out", model))
         print(f"{trial.factor}={trial.value}: {records[-1]['images_per_second']:.2f} img/s ({time.time() - t0:.0f}s)")

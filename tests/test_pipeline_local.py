@@ -165,6 +165,10 @@ def test_pool_that_cannot_fit_fails_fast(tmp_path, catalog):
     with pytest.raises(ConfigError, match="do not fit"):
         pool_size(cfg, 2.0, started_locally=True)
     assert pool_size(resolve_config({"input": "a", "output": "b"}, environ={}), 2.0, True) == 2
+    # Never more actors than inputs; a pool that cannot fit is still refused, whatever the input.
+    assert pool_size(resolve_config({"input": "a", "output": "b"}, environ={}), 2.0, True, inputs=1) == 1
+    with pytest.raises(ConfigError, match="do not fit"):
+        pool_size(cfg, 2.0, started_locally=True, inputs=1)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +196,7 @@ def test_input_blocks_are_whole_batches_and_capped():
     """The driver builds the items dataset itself: one put per block, capped for huge catalogs."""
     import math
 
-    from pipeline.graph import MAX_INPUT_BLOCKS, items_dataset, rows_per_input_block
+    from pipeline.graph import MAX_INPUT_BLOCKS, batch_size_for, items_dataset, rows_per_input_block
 
     assert rows_per_input_block(10, 4) == 4
     for n in (MAX_INPUT_BLOCKS * 4, MAX_INPUT_BLOCKS * 4 + 1, 1_000_000):
@@ -203,6 +207,9 @@ def test_input_blocks_are_whole_batches_and_capped():
     items = pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]})
     ds = items_dataset(items, 4)
     assert ds.num_blocks() == 3 and ds.count() == 10
+    # Fewer inputs than a batch per actor: smaller batches, spread over the pool.
+    assert [batch_size_for(n, 4, 2) for n in (1, 2, 3, 6, 7, 8, 100)] == [1, 1, 2, 3, 4, 4, 4]
+    assert batch_size_for(5, 4, 16) == 1
 
 
 def test_a_block_of_many_batches_still_feeds_every_actor(tmp_path, monkeypatch, data_context):
