@@ -123,9 +123,13 @@ def test_inference_actor_killed_mid_run(local_cluster, reference_masks, tmp_path
     thread.join(timeout=300)
     assert result.get("code") == 0
     summary, rows = check_exactly_once(out, len(ref), ref)
+    # Ray restarts the killed actor; the restarted process shows in the manifest only if a batch
+    # was left for it, which on a busy host it may not be: ask Ray's state API as well.
+    killed = list_actors(filters=[("actor_id", "=", victims[0].actor_id)], detail=True)
+    ray_restarts = killed[0].num_restarts if killed else 0
     print(f"actor kill: actor processes used {summary['cluster']['actor_processes']}, "
-          f"restarts {summary['cluster']['actor_restarts']}")
-    assert summary["cluster"]["actor_restarts"] >= 1
+          f"restarts in the manifest {summary['cluster']['actor_restarts']}, by Ray's state API {ray_restarts}")
+    assert summary["cluster"]["actor_restarts"] >= 1 or ray_restarts >= 1
 
 
 def test_worker_node_removed_mid_run(local_cluster, reference_masks, tmp_path):
