@@ -392,7 +392,7 @@ def run_rounds(names: list[str], files: list[Path], work: Path, cpus: int, round
             result["ceiling_nearby"] = (before + after) / 2
             runs[name].append(result)
             print(f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s "
-                  f"({result['images_per_second'] / result['ceiling_nearby']:.2f} x the ceiling probes "
+                  f"({speed(result):.2f} x the ceiling probes "
                   f"{before:.2f} / {after:.2f})", flush=True)
             before = after
     return runs

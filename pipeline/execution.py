@@ -60,6 +60,11 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0))
 
 
+def cpus_needed(size: int, cfg: RunConfig) -> float:
+    """The pool's reservations plus one decode and one write task: what must fit to make progress."""
+    return size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
+
+
 def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None) -> int:
     """Default: one single-threaded session per CPU. Checks that all stages' reservations fit.
 
@@ -68,18 +73,16 @@ def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | 
     cannot run fails the same way whatever the input.
     """
     size = cfg.pool_size or max(1, int(cpus))
-    need = size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
-    fits = need <= cpus + 1e-9
-    if not fits and started_locally:
+    if started_locally and cpus_needed(size, cfg) > cpus + 1e-9:
         raise ConfigError(
             f"pool_size: {size} actors x {cfg.cpus_per_actor} CPU + decode {cfg.decode_cpus} + write "
-            f"{cfg.write_cpus} = {need:g} CPUs do not fit this machine's {cpus:g} CPUs (the run would hang)"
+            f"{cfg.write_cpus} = {cpus_needed(size, cfg):g} CPUs do not fit this machine's {cpus:g} CPUs "
+            "(the run would hang)"
         )
     if inputs is not None and inputs < size:
         log.info("pool of %d actors for %d inputs: starting %d", size, inputs, max(1, inputs))
         size = max(1, inputs)
-        fits = size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus <= cpus + 1e-9
-    if not fits:
+    if cpus_needed(size, cfg) > cpus + 1e-9:
         request_cluster_growth(size, cfg)
     return size
 

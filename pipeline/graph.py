@@ -101,7 +101,7 @@ def build_graph(
     batch = batch_size_for(items.num_rows, spec.batch_size, spec.pool_size)
     ds = items_dataset(items, batch)
     # No more task slots than blocks: a tiny run needs no idle slots (and Ray Data warns of them).
-    tasks = TaskPoolStrategy(size=max(1, min(cpu_task_slots(spec), ds.num_blocks())))
+    tasks = TaskPoolStrategy(size=min(cpu_task_slots(spec), ds.num_blocks()))
     ds = ds.map_batches(  # read + decode + resize to 320x320 uint8 (the float tensor is built in the actor)
         prepare_batch, fn_kwargs={"settings": settings}, batch_size=batch,
         batch_format="numpy", num_cpus=spec.decode_cpus, compute=tasks,

@@ -34,14 +34,16 @@ class Trial:
     settings: dict[str, Any]
 
 
-def sample_inputs(input_uri: str, sample_size: int, dest: Path, storage_options: dict | None = None) -> str:
-    """Copy the first ``sample_size`` images of the input into a local folder (a fixed sample)."""
+def sample_inputs(input_uri: str, sample_size: int, dest: Path,
+                  storage_options: dict | None = None) -> tuple[str, int]:
+    """Copy the first ``sample_size`` images of the input into a local folder (a fixed sample).
+    Returns the folder and how many it holds (the input may have fewer than ``sample_size``)."""
     table = discover(input_uri, storage_options or {}).table.slice(0, sample_size)
     dest.mkdir(parents=True, exist_ok=True)
     for i, source in enumerate(table.column("source").to_pylist()):
         name = f"{i:05d}-{Path(storage.strip_protocol(source)).name}"
         (dest / name).write_bytes(storage.read_bytes(source, storage_options))
-    return str(dest)
+    return str(dest), table.num_rows
 
 
 def plan(pool_sizes, threads_per_actor, cpus_per_actor, batch_sizes, cluster_cpus: float) -> list[Trial]:
@@ -118,8 +120,7 @@ def sweep(input_uri: str, sample_size: int, pool_sizes, threads_per_actor, cpus_
 
     cluster_cpus = float(ray.cluster_resources().get("CPU", 0))
     work = Path(work_dir or tempfile.mkdtemp(prefix="maskray-tune-"))
-    sample_dir = sample_inputs(input_uri, sample_size, work / "sample")
-    sampled = len(list(Path(sample_dir).iterdir()))  # the input may hold fewer than sample_size
+    sample_dir, sampled = sample_inputs(input_uri, sample_size, work / "sample")
     records = []
     for trial in plan(pool_sizes, threads_per_actor, cpus_per_actor, batch_sizes, cluster_cpus):
         if not fits(trial.settings, cluster_cpus, can_grow):
