@@ -23,28 +23,33 @@ SUPPORTED_FORMATS = frozenset({"JPEG", "PNG", "WEBP", "BMP", "TIFF", "GIF", "MPO
 
 
 class ImageError(ValueError):
-    """A per-image problem; ``str(err)`` is the manifest reason, e.g. ``decode: truncated image``."""
+    """A per-image problem: ``kind`` is the manifest's ``error_kind`` (``decode``, ``too_large``, ...),
+    and ``str(err)`` its one-line reason, e.g. ``decode: truncated image (...)``."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
 
 
 def open_header(data: bytes, max_pixels: int) -> Image.Image:
     """Open lazily (header only) and refuse empty, unknown and oversized inputs."""
     if not data:
-        raise ImageError("empty: zero-byte file")
+        raise ImageError("empty", "zero-byte file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
-        raise ImageError("not_an_image: unrecognised image format") from None
+        raise ImageError("not_an_image", "unrecognised image format") from None
     except Exception as exc:  # noqa: BLE001 - any header failure is this input's problem
-        raise ImageError(f"decode: bad header ({_one_line(exc)})") from None
+        raise ImageError("decode", f"bad header ({_one_line(exc)})") from None
     if img.format not in SUPPORTED_FORMATS:
-        raise ImageError(f"unsupported_format: {img.format}")
+        raise ImageError("unsupported_format", str(img.format))
     width, height = img.size
     if width <= 0 or height <= 0:
-        raise ImageError(f"decode: invalid size {width}x{height}")
+        raise ImageError("decode", f"invalid size {width}x{height}")
     if width * height > max_pixels:
-        raise ImageError(f"too_large: {width}x{height} > max_pixels ({max_pixels})")
+        raise ImageError("too_large", f"{width}x{height} > max_pixels ({max_pixels})")
     return img
 
 
@@ -70,7 +75,7 @@ def decode_rgb(data: bytes, max_pixels: int) -> Image.Image:
         img.load()
         img = ImageOps.exif_transpose(img)
     except Exception as exc:  # noqa: BLE001
-        raise ImageError(f"decode: {_decode_reason(exc)}") from None
+        raise ImageError("decode", _decode_reason(exc)) from None
     return to_rgb(img)
 
 

@@ -25,7 +25,9 @@ _ESCAPE = re.compile(r"[%\\\x00-\x1f\x7f]")
 
 
 class UnsafeKeyError(ValueError):
-    """The key cannot be turned into a contained output key."""
+    """The key cannot be turned into a contained output key (manifest ``error_kind`` ``unsafe_key``)."""
+
+    kind = "unsafe_key"
 
 
 def escape_segment(segment: str) -> str:

@@ -1,4 +1,4 @@
-"""``maskray`` command line: run, fetch-model (and later: submit, report).
+"""``maskray`` command line: run, submit, report, fetch-model.
 
 Exit status: 0 all inputs ok or skipped; 3 the run completed but some inputs failed; 2 bad
 usage or config (one line on stderr, before any image is processed); 1 anything else.
@@ -36,6 +36,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-cpus", type=float)
     p.add_argument("--max-pixels", type=int)
     p.add_argument("--png-level", type=int)
+    p.add_argument("--io-threads", type=int, help="concurrent storage requests per worker (default 16)")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs for a locally started Ray")
     p.add_argument("--endpoint-url", help="storage endpoint (emulators, S3-compatible stores)")
@@ -138,6 +139,9 @@ def configure_logging() -> None:
         log.propagate = False
     for noisy in ("gcsfs", "s3fs", "aiobotocore", "botocore", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    # A run is several Ray Data executions (plan, then mask): their per-execution INFO lines are
+    # noise on the console (Ray Data still writes them to its own log files).
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ class RunConfig(BaseModel):
     max_pixels: int = Field(64_000_000, ge=1)
     max_bytes: int = Field(256 * 1024 * 1024, ge=1, description="refuse larger files before fetching")
     png_level: int = Field(1, ge=0, le=9)
+    io_threads: int = Field(16, ge=1, le=256, description="concurrent storage requests per worker process")
 
     address: str | None = Field(None, description="Ray address; default RAY_ADDRESS or a local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray")

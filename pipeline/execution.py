@@ -1,4 +1,4 @@
-"""Connect to Ray, size the pool, and stream the graph's manifest rows into the writer."""
+"""Connect to Ray, plan the inputs on the cluster, size the pool, and run the graph into the manifest sink."""
 
 from __future__ import annotations
 
@@ -7,15 +7,24 @@ import os
 import time
 from typing import Any
 
-import pyarrow as pa
 import ray
 from ray.data import DataContext
 
-from operators.stages import StageSettings
+from pipeline import plan
 from pipeline.config import ConfigError, RunConfig
-from pipeline.graph import GraphSpec, build_graph, prepared_batch_bytes
-from pipeline.manifest import ManifestWriter
+from pipeline.graph import (
+    LIGHT_CPUS,
+    GraphSpec,
+    decided_graph,
+    image_graph,
+    input_blocks,
+    prepared_batch_bytes,
+    split_decisions,
+)
 from pipeline.model import LoadedModel
+from pipeline.plan import InputSpec
+from pipeline.sink import ManifestSink
+from pipeline.stages import StageSettings
 
 log = logging.getLogger("maskray")
 
@@ -105,35 +114,55 @@ def configure_data_context(cfg: RunConfig) -> None:
     ctx.target_max_block_size = prepared_batch_bytes(cfg.batch_size)
 
 
-def stream(cfg: RunConfig, items: pa.Table, model: LoadedModel, settings: StageSettings,
-           session_options: dict[str, Any], writer: ManifestWriter) -> tuple[str, dict[str, Any]]:
+def shuffle_partitions(cpus: float) -> int:
+    """Partitions of the resolve shuffle: a few per CPU, capped (each is a reduce task)."""
+    return max(2, min(200, int(cpus) * 2))
+
+
+def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.Dataset:
+    """The resolved inputs, materialized in the object store (not on the driver)."""
+    raw = plan.raw_inputs(spec)
+    evidence = None if cfg.overwrite else plan.earlier_evidence(cfg.output, cfg.storage_options, fp)
+    if spec.kind == "list" or evidence is not None:
+        resolved = plan.resolve(raw, spec, evidence, shuffle_partitions(cpus))
+    else:
+        resolved = plan.plain(raw, spec)
+    return resolved.materialize()
+
+
+def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
+              session_options: dict[str, Any], sink: ManifestSink) -> dict[str, Any]:
+    """Plan, mask and record; returns placement and timing facts for the summary."""
     t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
     t_connected = time.monotonic()
     cpus = cluster_cpus()
-    size = pool_size(cfg, cpus, started_locally, items.num_rows)
     configure_data_context(cfg)
-    spec = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size, session_options,
-                     cluster_cpus=cpus)
-    model_ref = ray.put(model.data)  # once; every actor reads it from the object store
-    ds = build_graph(items, model_ref, settings, spec)
-    t_first = None
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-        t_first = t_first or time.monotonic()
-        writer.add(batch)
-    placement = {
+    resolved = plan_run(cfg, spec, settings.fingerprint, cpus)
+    todo, decided = split_decisions(resolved)
+    todo = todo.materialize()
+    n_todo = todo.count()
+    t_planned = time.monotonic()
+    out = decided_graph(decided, settings)
+    size = 0
+    if n_todo:
+        size = pool_size(cfg, cpus, started_locally, n_todo)
+        spec_ = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size,
+                          session_options, cluster_cpus=cpus)
+        blocks = input_blocks(todo, n_todo, spec_)
+        model_ref = ray.put(model.data)  # once; every actor reads it from the object store
+        out = image_graph(blocks, n_todo, model_ref, settings, spec_).union(out)
+    out.write_datasink(sink, ray_remote_args={"num_cpus": LIGHT_CPUS})
+    actors = list(sink.stats["infer_ms_by_actor"])
+    return {
         "cluster_cpus": cpus,
         "pool_size": size,
         "nodes": len([n for n in ray.nodes() if n["Alive"]]),
+        "inputs_to_mask": n_todo,
         # A killed actor is restarted by Ray as a new process; its in-flight batches are retried.
-        "actor_processes": len(writer.actors),
-        "actor_restarts": sum(a.endswith("+restarted") for a in writer.actors),
-        # Cold start, split: joining/starting Ray, then graph start to the first manifest rows.
+        "actor_processes": len(actors),
+        "actor_restarts": sum(a.endswith("+restarted") for a in actors),
+        # Cold start, split: joining/starting Ray, planning the inputs (listing, resolve), the rest.
         "ray_connect_s": round(t_connected - t0, 3),
-        "connect_to_first_rows_s": round(t_first - t_connected, 3) if t_first else None,
+        "plan_s": round(t_planned - t_connected, 3),
     }
-    try:
-        stats = ds.stats()
-    except Exception:  # noqa: BLE001 - stats are a nicety
-        stats = ""
-    return stats, placement

@@ -1,12 +1,14 @@
-"""Wire the Ray Data graph: items -> prepare tasks -> fixed inference pool -> finish tasks.
+"""Wire the Ray Data graph: planned inputs -> prepare tasks -> fixed inference pool -> finish tasks
+-> manifest sink; inputs the plan already decided (skipped, unsafe, ignored) go straight to the sink.
 
 Stage resources (the defaults fit a 2-CPU machine: 2 x 0.75 for the pool + 0.25 + 0.25):
-- prepare (read, decode, resize): CPU tasks reserving ``decode_cpus`` each;
+- prepare (fetch, decode, resize): CPU tasks reserving ``decode_cpus`` each;
 - inference: ``ActorPoolStrategy(size=pool)`` so every actor starts at once (an autoscaling
   pool that starts at 1 often never grows), each reserving ``cpus_per_actor`` (< 1, so the
   decode and write tasks always find room; a stage asking for a whole CPU beside a pool that
   leaves only a fraction deadlocks silently);
-- finish (resize mask, encode, write): CPU tasks reserving ``write_cpus`` each.
+- finish (resize mask, encode, write): CPU tasks reserving ``write_cpus`` each;
+- the decided rows and the manifest writes: light tasks with a small reservation.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-from operators.actor import InferenceActor
 from operators.preprocess import MODEL_SIZE
-from operators.stages import StageSettings, finish_batch, prepare_batch
+from pipeline.actor import InferenceActor
+from pipeline.plan import TODO
+from pipeline.stages import StageSettings, decided_batch, finish_batch, prepare_batch
+
+# CPU reservation of the light stages (decided rows, manifest parts): they must never wait long
+# for a slot beside the pool and the decode/write tasks.
+LIGHT_CPUS = 0.05
 
 
 @dataclass(frozen=True)
@@ -35,9 +43,10 @@ class GraphSpec:
     cluster_cpus: float = 0.0
 
 
-# Building the dataset costs the driver one object-store put per input block (~1-2 ms each on a
-# 2-CPU box): cap the count so a million-image catalog starts in seconds, not minutes.
+# At most this many input blocks, each a whole number of prepare batches.
 MAX_INPUT_BLOCKS = 2000
+# A prepare task fetches this many inference batches at once (their requests overlap).
+FETCH_BATCHES = 4
 
 
 def rows_per_input_block(n: int, batch_size: int) -> int:
@@ -54,19 +63,6 @@ def batch_size_for(n: int, batch_size: int, pool_size: int) -> int:
     if 0 < n < batch_size * pool_size:
         return math.ceil(n / min(n, pool_size))
     return batch_size
-
-
-def items_dataset(items: pa.Table, batch_size: int) -> ray.data.Dataset:
-    """Input blocks of whole batches, built on the driver with no Ray task per block.
-
-    ``from_arrow`` on a list of tables runs one metadata task per table (measured here: 2.3 s for
-    300 images, i.e. O(n) tasks); ``from_blocks`` computes the metadata locally and keeps the
-    block count. Every block is a separately schedulable unit, so the first masks flow after one
-    batch, and a block holding many batches still streams one output block per batch (see
-    ``prepared_batch_bytes``).
-    """
-    rows = rows_per_input_block(items.num_rows, batch_size)
-    return ray.data.from_blocks([items.slice(i, rows) for i in range(0, items.num_rows, rows)] or [items])
 
 
 def prepared_batch_bytes(batch_size: int) -> int:
@@ -95,15 +91,46 @@ def cpu_task_slots(spec: GraphSpec) -> int:
     return max(1, min(max(2, math.ceil(spec.pool_size / 8)), fit))
 
 
-def build_graph(
-    items: pa.Table, model_ref: ray.ObjectRef, settings: StageSettings, spec: GraphSpec
-) -> ray.data.Dataset:
-    batch = batch_size_for(items.num_rows, spec.batch_size, spec.pool_size)
-    ds = items_dataset(items, batch)
+def split_decisions(resolved: ray.data.Dataset) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+    """(inputs to mask, inputs already decided), from the materialized plan."""
+    def pick(todo: bool):
+        def keep(t: pa.Table) -> pa.Table:
+            is_todo = pc.equal(t.column("decision"), TODO)
+            return t.filter(is_todo if todo else pc.invert(is_todo))
+        return keep
+
+    todo = resolved.map_batches(pick(True), batch_format="pyarrow", batch_size=None, num_cpus=LIGHT_CPUS)
+    decided = resolved.map_batches(pick(False), batch_format="pyarrow", batch_size=None, num_cpus=LIGHT_CPUS)
+    return todo, decided
+
+
+def fetch_rows_for(n: int, batch: int, pool_size: int) -> int:
+    """Rows a prepare task fetches at once: several batches when there is work for every actor."""
+    return batch * FETCH_BATCHES if n >= batch * FETCH_BATCHES * pool_size else batch
+
+
+def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> ray.data.MaterializedDataset:
+    """The inputs to mask in blocks of whole prepare batches, at most MAX_INPUT_BLOCKS of them.
+
+    Done before the pool starts: a repartition runs 1-CPU tasks, which could never be scheduled
+    beside a pool that leaves only a fraction of a CPU free.
+    """
+    batch = batch_size_for(n, spec.batch_size, spec.pool_size)
+    rows = rows_per_input_block(n, fetch_rows_for(n, batch, spec.pool_size))
+    return todo.repartition(math.ceil(n / rows)).materialize()
+
+
+def image_graph(todo: ray.data.MaterializedDataset, n: int, model_ref: ray.ObjectRef, settings: StageSettings,
+                spec: GraphSpec) -> ray.data.Dataset:
+    """``n`` inputs to mask (``input_blocks``) -> one manifest row each."""
+    batch = batch_size_for(n, spec.batch_size, spec.pool_size)
+    fetch_rows = fetch_rows_for(n, batch, spec.pool_size)
+    ds = todo
     # No more task slots than blocks: a tiny run needs no idle slots (and Ray Data warns of them).
-    tasks = TaskPoolStrategy(size=min(cpu_task_slots(spec), ds.num_blocks()))
-    ds = ds.map_batches(  # read + decode + resize to 320x320 uint8 (the float tensor is built in the actor)
-        prepare_batch, fn_kwargs={"settings": settings}, batch_size=batch,
+    tasks = TaskPoolStrategy(size=min(cpu_task_slots(spec), todo.num_blocks()))
+    stage = StageSettings(**{**settings.__dict__, "batch_size": batch})
+    ds = ds.map_batches(  # fetch (concurrently) + decode + resize to 320x320 uint8, `batch` rows per output
+        prepare_batch, fn_kwargs={"settings": stage}, batch_size=fetch_rows,
         batch_format="numpy", num_cpus=spec.decode_cpus, compute=tasks,
     )
     ds = ds.map_batches(  # fp32 U2Net-P, one single-threaded session per actor
@@ -112,7 +139,12 @@ def build_graph(
         compute=ActorPoolStrategy(size=spec.pool_size), batch_size=batch,
         batch_format="numpy", num_cpus=spec.cpus_per_actor,
     )
-    return ds.map_batches(  # full-size mask, optional cutout, PNG encode, atomic write -> manifest rows
-        finish_batch, fn_kwargs={"settings": settings}, batch_size=batch,
+    return ds.map_batches(  # full-size mask, optional cutout, PNG encode, concurrent atomic writes -> rows
+        finish_batch, fn_kwargs={"settings": stage}, batch_size=batch,
         batch_format="numpy", num_cpus=spec.write_cpus, compute=tasks,
     )
+
+
+def decided_graph(decided: ray.data.Dataset, settings: StageSettings) -> ray.data.Dataset:
+    return decided.map_batches(decided_batch, fn_kwargs={"s": settings}, batch_format="pyarrow",
+                               batch_size=None, num_cpus=LIGHT_CPUS)

@@ -1,17 +1,21 @@
-"""The run's record: Parquet manifest parts written as rows arrive, and the summary.
+"""The run's record: manifest parts written by Ray's write tasks, statistics merged on the driver.
 
-``<output>/_manifest/<run_id>/part-00000.parquet ...``: one row per input the run saw (schema
-``operators.stages.MANIFEST_SCHEMA``). Parts are flushed every ``flush_rows`` rows or
-``flush_seconds``, so a crash loses at most that much of the record (the masks themselves are
-already written, and a re-run reports them as skipped).
+``<output>/_manifest/<run_id>/part-<attempt>-<task>.parquet``: one row per input the run saw
+(``pipeline.rows.MANIFEST_SCHEMA``), written in parallel by the write tasks of a Ray Data
+``Datasink``. A part's name is fixed by the run's attempt token and the write task's index, so a
+retried task rewrites the same part and can never duplicate rows; the attempt token keeps a
+reused ``--run-id`` from mixing its new parts with an earlier attempt's (those are removed once
+the new attempt completes). Each write task returns small statistics of its rows (counts, error
+kinds with a few example sources, stage-time sums, first and last timestamps, per-node and
+per-actor figures); the driver merges those, never the rows. ``_summary.json`` is written last
+and is the run's commit marker: it names the attempt whose parts make up the run.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import time
-from collections import Counter
+import math
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -20,81 +24,130 @@ import pyarrow.parquet as pq
 
 from operators import storage
 from operators.keys import MANIFEST_DIR, SUMMARY_NAME
-from operators.stages import MANIFEST_SCHEMA, TIME_COLUMNS
+from pipeline.rows import ERROR, MANIFEST_SCHEMA, OK, SKIPPED, TIME_COLUMNS
+
+EXAMPLES_PER_KIND = 3
+# Rows per manifest part: a crash loses at most this much of the record (the masks are written;
+# a re-run redoes them), and a 10M-input run writes ~20k parts.
+ROWS_PER_PART = 512
 
 
 def manifest_dir(output: str, run_id: str) -> str:
     return storage.join_uri(output, MANIFEST_DIR, run_id)
 
 
-class ManifestWriter:
-    def __init__(self, output: str, run_id: str, storage_options: dict, flush_rows: int = 512,
-                 flush_seconds: float = 20.0) -> None:
-        self.dir = manifest_dir(output, run_id)
-        self.options = storage_options
-        self.flush_rows, self.flush_seconds = flush_rows, flush_seconds
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
-        self.parts = 0
-        self.last_flush = time.monotonic()
-        self.counts: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.stage_ms: Counter[str] = Counter()
-        self.first_ok_at: float | None = None
-        self.actors: set[str] = set()  # actor processes that served inference (restarts add more)
-
-    def add(self, table: pa.Table) -> None:
-        table = table.cast(MANIFEST_SCHEMA)
-        self._count(table)
-        self.pending.append(table)
-        self.pending_rows += table.num_rows
-        due = time.monotonic() - self.last_flush >= self.flush_seconds
-        if self.pending_rows >= self.flush_rows or due:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        buf = io.BytesIO()
-        pq.write_table(pa.concat_tables(self.pending), buf)
-        uri = storage.join_uri(self.dir, f"part-{self.parts:05d}.parquet")
-        storage.write_bytes_atomic(uri, buf.getvalue(), self.options)
-        self.parts += 1
-        self.pending, self.pending_rows, self.last_flush = [], 0, time.monotonic()
-
-    def _count(self, table: pa.Table) -> None:
-        self.counts.update(table.column("status").to_pylist())
-        for status, error in zip(table.column("status").to_pylist(), table.column("error").to_pylist(), strict=False):
-            if status == "error":
-                self.errors[error_kind(error)] += 1
-        for col in TIME_COLUMNS:
-            self.stage_ms[col] += float(pc.sum(table.column(col)).as_py() or 0.0)
-        self.actors.update(a for a in table.column("actor").to_pylist() if a)
-        if self.first_ok_at is None and self.counts["ok"]:
-            self.first_ok_at = time.time()
-
-    @property
-    def rows(self) -> int:
-        return sum(self.counts.values())
+def part_name(attempt: str, task_idx: int) -> str:
+    return f"part-{attempt}-{task_idx:06d}.parquet"
 
 
-def error_kind(error: str | None) -> str:
-    """``decode: truncated image (...)`` -> ``decode``."""
-    return (error or "unknown").split(":", 1)[0].strip()
+# ---------------------------------------------------------------- per-part statistics
+
+def empty_stats() -> dict[str, Any]:
+    return {"rows": 0, "ignored": 0, "parts": 0, "status": {}, "errors_by_kind": {}, "skipped_by_kind": {},
+            "error_examples": {}, "stage_ms": {c: 0.0 for c in TIME_COLUMNS}, "started_at": None,
+            "finished_at": None, "first_ok_at": None, "ok_by_node": {}, "infer_ms_by_actor": {}}
 
 
-def read_manifest(output: str, run_id: str, storage_options: dict) -> pa.Table:
+def _counts(column: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+    return {str(v["values"]): int(v["counts"]) for v in pc.value_counts(column).to_pylist() if v["values"] is not None}
+
+
+def block_stats(table: pa.Table, ignored: int = 0) -> dict[str, Any]:
+    """Statistics of one part's rows; small whatever the part's size."""
+    s = empty_stats()
+    s.update(rows=table.num_rows, ignored=ignored, parts=1 if table.num_rows else 0)
+    if not table.num_rows:
+        return s
+    status = table.column("status")
+    s["status"] = _counts(status)
+    errors = table.filter(pc.equal(status, ERROR))
+    s["errors_by_kind"] = _counts(errors.column("error_kind"))
+    s["skipped_by_kind"] = _counts(table.filter(pc.equal(status, SKIPPED)).column("error_kind"))
+    for kind, source in zip(errors.column("error_kind").to_pylist(), errors.column("source").to_pylist(),
+                            strict=True):
+        examples = s["error_examples"].setdefault(kind, [])
+        if len(examples) < EXAMPLES_PER_KIND:
+            examples.append(source)
+    s["stage_ms"] = {c: float(pc.sum(table.column(c)).as_py() or 0.0) for c in TIME_COLUMNS}
+    s["started_at"] = pc.min(table.column("started_at")).as_py()
+    s["finished_at"] = pc.max(table.column("finished_at")).as_py()
+    ok = table.filter(pc.equal(status, OK))
+    if ok.num_rows:
+        s["first_ok_at"] = pc.min(ok.column("finished_at")).as_py()
+        s["ok_by_node"] = _counts(ok.column("node"))
+        by_actor = ok.group_by("actor").aggregate([("infer_ms", "sum")])
+        s["infer_ms_by_actor"] = {str(a): float(v) for a, v in zip(by_actor.column("actor").to_pylist(),
+                                                                     by_actor.column("infer_ms_sum").to_pylist(),
+                                                                     strict=True) if a}
+    return s
+
+
+def merge_stats(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    out = empty_stats()
+    for s in parts:
+        for key in ("rows", "ignored", "parts"):
+            out[key] += s[key]
+        for key in ("status", "errors_by_kind", "skipped_by_kind", "ok_by_node", "infer_ms_by_actor", "stage_ms"):
+            for k, v in s[key].items():
+                out[key][k] = out[key].get(k, 0) + v
+        for kind, examples in s["error_examples"].items():
+            mine = out["error_examples"].setdefault(kind, [])
+            mine.extend(examples[: EXAMPLES_PER_KIND - len(mine)])
+        for key, pick in (("started_at", min), ("finished_at", max), ("first_ok_at", min)):
+            values = [v for v in (out[key], s[key]) if v is not None]
+            out[key] = pick(values) if values else None
+    return out
+
+
+# ---------------------------------------------------------------- reading a run back
+
+def run_parts(output: str, run_id: str, attempt: str | None, storage_options: dict) -> list[str]:
+    """The part files of one run's committed attempt (or every part, when ``attempt`` is None)."""
     fs = storage.filesystem(output, storage_options)
     root = storage.strip_protocol(manifest_dir(output, run_id))
-    paths = sorted(p for p in fs.find(root) if p.endswith(".parquet"))
-    tables = [pq.read_table(io.BytesIO(fs.cat_file(p))) for p in paths]
+    try:
+        names = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
+    prefix = f"part-{attempt}-" if attempt else "part-"
+    return sorted(p for p in names if p.rsplit("/", 1)[-1].startswith(prefix) and p.endswith(".parquet"))
+
+
+def iter_manifest(output: str, summary: dict[str, Any], storage_options: dict,
+                  columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """The committed run's rows, one part at a time (bounded memory for any run size)."""
+    fs = storage.filesystem(output, storage_options)
+    for path in run_parts(output, summary["run_id"], summary.get("attempt"), storage_options):
+        with fs.open(path, "rb") as fh:
+            yield pq.read_table(fh, columns=columns)
+
+
+def read_manifest(output: str, summary: dict[str, Any], storage_options: dict) -> pa.Table:
+    """The whole committed record in memory: for small runs (tests, the tuning notebook)."""
+    tables = list(iter_manifest(output, summary, storage_options))
     return pa.concat_tables(tables) if tables else MANIFEST_SCHEMA.empty_table()
+
+
+def remove_other_attempts(output: str, run_id: str, attempt: str, storage_options: dict) -> int:
+    """After a reused run id completes: drop the parts of its earlier attempts."""
+    fs = storage.filesystem(output, storage_options)
+    stale = [p for p in run_parts(output, run_id, None, storage_options) if f"part-{attempt}-" not in p]
+    for path in stale:
+        storage.with_retries(lambda p=path: fs.rm_file(p))
+    return len(stale)
 
 
 def write_summary(output: str, summary: dict[str, Any], storage_options: dict) -> str:
     uri = storage.join_uri(output, SUMMARY_NAME)
-    storage.write_bytes_atomic(uri, json.dumps(summary, indent=2, default=str).encode(), storage_options)
+    data = json.dumps(summary, indent=2, default=_json_default).encode()
+    storage.write_bytes_atomic(uri, data, storage_options)
     return uri
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
 
 
 def read_summary(output: str, storage_options: dict) -> dict[str, Any]:

@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-
 from operators import storage
 from operators.keys import is_under
-from operators.stages import MANIFEST_SCHEMA, TIME_COLUMNS, StageSettings
 from pipeline.config import ConfigError, RunConfig, dump_yaml
-from pipeline.inputs import Inputs, discover, is_list_file, storage_error
-from pipeline.manifest import ManifestWriter, manifest_dir, write_summary
+from pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
 from pipeline.model import LoadedModel, load_model
+from pipeline.plan import InputSpec, check_input, is_list_file, storage_error
+from pipeline.rows import fingerprint
+from pipeline.stages import StageSettings
 from pipeline.sysinfo import machine_info
 
 log = logging.getLogger("maskray")
@@ -31,7 +30,6 @@ class RunResult:
     summary: dict[str, Any]
     exit_code: int
     manifest_dir: str
-    stats: str = ""
 
 
 def new_run_id() -> str:
@@ -57,12 +55,12 @@ def probe_output(cfg: RunConfig, run_id: str) -> None:
         raise ConfigError(f"output {cfg.output}: cannot write ({storage_error(exc)})") from None
 
 
-def stage_settings(cfg: RunConfig) -> StageSettings:
+def stage_settings(cfg: RunConfig, fp: str) -> StageSettings:
     return StageSettings(
-        output=cfg.output.rstrip("/"), storage_options=cfg.storage_options, writes_mask=cfg.writes_mask,
-        writes_cutout=cfg.writes_cutout, overwrite=cfg.overwrite, max_pixels=cfg.max_pixels,
+        output=cfg.output.rstrip("/"), fingerprint=fp, storage_options=cfg.storage_options,
+        writes_mask=cfg.writes_mask, writes_cutout=cfg.writes_cutout, max_pixels=cfg.max_pixels,
         max_bytes=cfg.max_bytes, post_process_mask=cfg.post_process_mask, bgcolor=cfg.bgcolor,
-        png_level=cfg.png_level,
+        png_level=cfg.png_level, batch_size=cfg.batch_size, io_threads=cfg.io_threads,
     )
 
 
@@ -71,83 +69,81 @@ def session_options(cfg: RunConfig) -> dict[str, Any]:
             "graph_optimization": cfg.graph_optimization}
 
 
-def split_driver_rows(inputs: Inputs, cfg: RunConfig) -> tuple[pa.Table, pa.Table]:
-    """Rows decided without reading the image: duplicate list entries, sources under the output.
-
-    Returns (items for the graph, manifest rows written by the driver).
-    """
-    seen: set[str] = set()
-    keep, rows = [], []
-    now = time.time()
-    columns = (inputs.table.column("source").to_pylist(), inputs.table.column("key").to_pylist())
-    for source, key in zip(*columns, strict=True):
-        reason, status = None, "error"
-        if source in seen:
-            reason, status = "duplicate: the same URI is listed more than once", "skipped"
-        elif inputs.kind == "list" and is_under(source, cfg.output):
-            reason = "unsafe_source: lies under the output prefix"
-        seen.add(source)
-        if reason is None:
-            keep.append({"source": source, "key": key})
-            continue
-        row = {c: None for c in MANIFEST_SCHEMA.names}
-        row.update({c: 0.0 for c in TIME_COLUMNS})
-        row.update(source=source, status=status, error=reason, started_at=now, finished_at=now)
-        rows.append(row)
-    items = pa.Table.from_pylist(keep, schema=pa.schema([("source", pa.string()), ("key", pa.string())]))
-    return items, pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA)
+def run_fingerprint(cfg: RunConfig, model: LoadedModel) -> str:
+    return fingerprint(model.md5, cfg.format, cfg.post_process_mask, cfg.bgcolor, cfg.png_level)
 
 
-def prepare(cfg: RunConfig) -> tuple[str, LoadedModel, Inputs]:
-    """All fail-fast checks; raises ConfigError with one line."""
+def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:
+    fs = storage.filesystem(cfg.output, cfg.storage_options)
+    try:
+        return bool(fs.exists(storage.strip_protocol(manifest_dir(cfg.output, run_id))))
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"output {cfg.output}: cannot read ({storage_error(exc)})") from None
+
+
+def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec]:
+    """All fail-fast checks; raises ConfigError with one line. Reads no input beyond one probe."""
     check_locations(cfg)
     model = load_model(cfg.model, cfg.model_md5, cfg.storage_options)
+    spec = check_input(cfg.input, cfg.output, cfg.storage_options)
     run_id = cfg.run_id or new_run_id()
+    reused = run_dir_exists(cfg, run_id)
     probe_output(cfg, run_id)
-    inputs = discover(cfg.input, cfg.storage_options)
-    return run_id, model, inputs
+    return run_id, reused, model, spec
 
 
 def execute(cfg: RunConfig) -> RunResult:
     from pipeline import execution  # imports Ray; kept out of the fail-fast path above
+    from pipeline.sink import ManifestSink
 
     t0 = time.time()
-    run_id, model, inputs = prepare(cfg)
-    items, driver_rows = split_driver_rows(inputs, cfg)
-    writer = ManifestWriter(cfg.output, run_id, cfg.storage_options)
-    if driver_rows.num_rows:
-        writer.add(driver_rows)
-    if inputs.ignored:
-        log.warning("ignored %d objects under %s without an image extension", inputs.ignored, cfg.input)
-    stats, placement = "", {}
-    if items.num_rows:
-        stats, placement = execution.stream(cfg, items, model, stage_settings(cfg), session_options(cfg), writer)
-    writer.flush()
-    seconds = time.time() - t0
-    summary = build_summary(cfg, run_id, model, inputs, writer, seconds, t0, placement)
+    run_id, reused, model, spec = prepare(cfg)
+    attempt = uuid.uuid4().hex[:8]
+    fp = run_fingerprint(cfg, model)
+    sink = ManifestSink(cfg.output, run_id, attempt, cfg.storage_options)
+    placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), session_options(cfg), sink)
+    if reused:
+        removed = remove_other_attempts(cfg.output, run_id, attempt, cfg.storage_options)
+        log.info("run id %s was used before: replaced its %d earlier manifest parts", run_id, removed)
+    stats = sink.stats
+    if stats["ignored"]:
+        log.warning("ignored %d objects under %s without an image extension", stats["ignored"], cfg.input)
+    summary = build_summary(cfg, run_id, attempt, fp, model, stats, time.time() - t0, t0, placement)
     write_summary(cfg.output, summary, cfg.storage_options)
-    return RunResult(summary, 3 if summary["failed"] else 0, writer.dir, stats)
+    return RunResult(summary, 3 if summary["failed"] else 0, manifest_dir(cfg.output, run_id))
 
 
-def build_summary(cfg: RunConfig, run_id: str, model: LoadedModel, inputs: Inputs, writer: ManifestWriter,
+def build_summary(cfg: RunConfig, run_id: str, attempt: str, fp: str, model: LoadedModel, stats: dict[str, Any],
                   seconds: float, t0: float, placement: dict[str, Any]) -> dict[str, Any]:
-    ok = writer.counts["ok"]
+    status = stats["status"]
+    ok = status.get("ok", 0)
+    first = stats["first_ok_at"]
     return {
         "run_id": run_id,
-        "inputs": writer.rows,
+        "attempt": attempt,
+        "inputs": stats["rows"],
         "ok": ok,
-        "failed": writer.counts["error"],
-        "skipped": writer.counts["skipped"],
-        "ignored_non_image_objects": inputs.ignored,
+        "failed": status.get("error", 0),
+        "skipped": status.get("skipped", 0),
+        "skipped_by_kind": stats["skipped_by_kind"],
+        "ignored_non_image_objects": stats["ignored"],
         "seconds": round(seconds, 3),
         "images_per_second": round(ok / seconds, 4) if seconds > 0 else 0.0,
-        "seconds_to_first_mask": round(writer.first_ok_at - t0, 3) if writer.first_ok_at else None,
-        "errors_by_kind": dict(writer.errors),
-        "stage_seconds_total": {c[:-3]: round(v / 1000, 3) for c, v in writer.stage_ms.items()},
-        "manifest": writer.dir,
+        "seconds_to_first_mask": round(first - t0, 3) if first else None,
+        "errors_by_kind": stats["errors_by_kind"],
+        "error_examples": stats["error_examples"],
+        "stage_seconds_total": {c[:-3]: round(v / 1000, 3) for c, v in stats["stage_ms"].items()},
+        "first_row_started_at": stats["started_at"],
+        "last_row_finished_at": stats["finished_at"],
+        "ok_by_node": stats["ok_by_node"],
+        "infer_seconds_by_actor": {a: round(v / 1000, 3) for a, v in stats["infer_ms_by_actor"].items()},
+        "manifest": manifest_dir(cfg.output, run_id),
+        "manifest_parts": stats["parts"],
+        "fingerprint": fp,
         "config": cfg.model_dump(mode="json"),
         "model": {"uri": cfg.model, "md5": model.md5, "precisions": list(model.precisions)},
         "cluster": placement,
         "machine": machine_info(),
+        "started_at": datetime.fromtimestamp(t0, UTC).isoformat(),
         "finished_at": datetime.now(UTC).isoformat(),
     }

@@ -21,8 +21,8 @@ import yaml
 
 from operators import storage
 from pipeline.config import RunConfig, resolve_config
-from pipeline.inputs import discover
 from pipeline.manifest import read_manifest
+from pipeline.plan import check_input, raw_inputs
 
 STAGES = ("read", "decode", "preprocess", "infer", "postprocess", "encode", "write")
 
@@ -38,12 +38,15 @@ def sample_inputs(input_uri: str, sample_size: int, dest: Path,
                   storage_options: dict | None = None) -> tuple[str, int]:
     """Copy the first ``sample_size`` images of the input into a local folder (a fixed sample).
     Returns the folder and how many it holds (the input may have fewer than ``sample_size``)."""
-    table = discover(input_uri, storage_options or {}).table.slice(0, sample_size)
+    opts = storage_options or {}
+    spec = check_input(input_uri, str(dest.parent / "unused-output"), opts)
+    # Planned on the cluster like a run's inputs, and only the first `sample_size` images taken.
+    images = raw_inputs(spec).filter(expr="ignored == 0").limit(sample_size).take_all()
     dest.mkdir(parents=True, exist_ok=True)
-    for i, source in enumerate(table.column("source").to_pylist()):
+    for i, source in enumerate(r["source"] for r in images):
         name = f"{i:05d}-{Path(storage.strip_protocol(source)).name}"
-        (dest / name).write_bytes(storage.read_bytes(source, storage_options))
-    return str(dest), table.num_rows
+        (dest / name).write_bytes(storage.read_bytes(source, opts))
+    return str(dest), len(images)
 
 
 def plan(pool_sizes, threads_per_actor, cpus_per_actor, batch_sizes, cluster_cpus: float) -> list[Trial]:
@@ -98,7 +101,7 @@ def run_trial(trial: Trial, sample_dir: str, out_root: Path, model: str | None =
     cfg = resolve_config(flags, environ={})
     with _RayMemory() as mem:
         result = execute(cfg)
-    rows = read_manifest(str(out), result.summary["run_id"], {}).to_pandas()
+    rows = read_manifest(str(out), result.summary, {}).to_pandas()
     ok = rows[rows.status == "ok"].sort_values("finished_at")
     k = min(2, max(len(ok) - 2, 0))
     span = float(ok.finished_at.iloc[-1] - ok.finished_at.iloc[k]) if len(ok) > 2 else 0.0

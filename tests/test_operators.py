@@ -8,10 +8,10 @@ import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
+from pipeline.stages import StageSettings, finish_image, prepare_image
 from PIL import Image
 
 from operators import decode, encode, postprocess, preprocess, session
-from operators.stages import StageSettings, finish_image, prepare_image
 from tests import images
 from tests.rembg_reference import agreement, reference_mask
 
@@ -140,22 +140,79 @@ def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
     src = tmp_path / "in" / "cat.jpg"
     src.parent.mkdir()
     src.write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
-    settings = StageSettings(output=str(tmp_path / "out"))
+    settings = StageSettings(output=str(tmp_path / "out"), fingerprint="fp-test")
     row = prepare_image(str(src), "cat.jpg", settings)
     assert row["status"] == "pending" and (row["width"], row["height"]) == (451, 300)
     resized = np.frombuffer(row["pre"], np.uint8).reshape(320, 320, 3)
     row["small"] = session.to_small_mask(session.run_model(ort_session, preprocess.normalise(resized))).tobytes()
     out = finish_image(row, settings)
-    assert out["status"] == "ok" and out["error"] is None
+    assert out["status"] == "ok" and out["error"] is None and out["error_kind"] is None
+    assert out["fingerprint"] == "fp-test"
     assert out["output"] == str(tmp_path / "out" / "masks" / "cat.jpg.png")
     assert Image.open(out["output"]).size == (451, 300)
-    again = prepare_image(str(src), "cat.jpg", settings)
-    assert again["status"] == "skipped"
 
 
 def test_missing_source_is_a_row_not_an_exception(tmp_path):
-    row = prepare_image(str(tmp_path / "nope.jpg"), "nope.jpg", StageSettings(output=str(tmp_path / "out")))
-    assert row["status"] == "error" and row["error"] == "read: not found"
+    settings = StageSettings(output=str(tmp_path / "out"), fingerprint="fp")
+    row = prepare_image(str(tmp_path / "nope.jpg"), "nope.jpg", settings)
+    assert row["status"] == "error" and row["error"] == "read: not found" and row["error_kind"] == "read"
+
+
+def test_size_from_the_listing_is_checked_before_any_read(tmp_path):
+    """A listed size over max_bytes is refused without reading; a list entry (size unknown) is
+    read at most max_bytes + 1 bytes and refused as well."""
+    big = tmp_path / "big.jpg"
+    big.write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
+    settings = StageSettings(output=str(tmp_path / "out"), fingerprint="fp", max_bytes=1000)
+    listed = prepare_image(str(tmp_path / "absent.jpg"), "absent.jpg", settings, size=5000)
+    assert listed["error_kind"] == "too_large" and "5000 bytes" in listed["error"]  # never opened
+    unlisted = prepare_image(str(big), "big.jpg", settings)
+    assert unlisted["error_kind"] == "too_large"
+    assert prepare_image(str(big), "big.jpg", settings, size=0)["error_kind"] == "empty"
+
+
+def test_fetches_and_writes_of_a_batch_overlap():
+    """io_map runs a batch's requests on the I/O threads: 8 sleeps of 0.2 s overlap."""
+    import threading
+    import time
+
+    from pipeline.stages import io_map
+
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def request(_):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.2)
+        with lock:
+            active[0] -= 1
+        return _
+
+    assert io_map(request, list(range(8)), threads=8) == list(range(8))
+    assert peak[0] == 8
+    peak[0] = 0
+    io_map(request, list(range(3)), threads=1)
+    assert peak[0] == 1
+
+
+def test_error_kinds_come_from_the_operators_not_the_message():
+    for name, (data, reason) in images.bad_inputs().items():
+        with pytest.raises(decode.ImageError) as err:
+            decode.decode_rgb(data, 64_000_000)
+        expected_kind = reason.split(":")[0]
+        assert err.value.kind == expected_kind and str(err.value).startswith(expected_kind + ": "), name
+
+
+def test_fingerprint_changes_with_every_output_setting():
+    from pipeline.rows import fingerprint
+
+    base = dict(model_md5="a" * 32, fmt="mask", post_process_mask=False, bgcolor=None, png_level=1)
+    variants = [dict(model_md5="b" * 32), dict(fmt="both"), dict(post_process_mask=True),
+                dict(bgcolor=(0, 0, 0, 255)), dict(png_level=9)]
+    prints = {fingerprint(**{**base, **v}) for v in variants}
+    assert len(prints) == len(variants) and fingerprint(**base) not in prints
+    assert fingerprint(**base) == fingerprint(**base)
 
 
 def test_low_precision_model_warns_without_bf16_hardware(monkeypatch, caplog):

@@ -109,16 +109,18 @@ def test_rerun_skips_done_and_retries_failed_then_overwrite_redoes(first_run):
         (root / "bad" / "truncated.jpg").write_bytes(files["bad/truncated.jpg"])
 
 
-def test_interrupted_write_is_not_mistaken_for_done(first_run):
-    """A leftover temp file (the only trace an interrupted local write can leave) is not a mask."""
-    root, _, out, _, _ = first_run
-    mask = out / "masks" / "coffee.jpg.png"
-    mask.unlink()
-    (mask.parent / ".coffee.jpg.png.deadbeef.tmp").write_bytes(b"\x89PNG partial")
+def test_interrupted_write_is_not_mistaken_for_done(first_run, tmp_path):
+    """A leftover temp file (the only trace an interrupted local write can leave) is not a mask,
+    and no manifest row says it was done: the next run masks the image."""
+    root, _, _, _, _ = first_run
+    out = tmp_path / "out"
+    partial = out / "masks" / ".coffee.jpg.png.deadbeef.tmp"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"\x89PNG partial")
     main(["run", "--input", str(root), "--output", str(out), "--no-progress", "--run-id", "fourth"])
     _, rows = load_manifest(out, "fourth")
     row = next(r for r in rows if r["source"].endswith("/coffee.jpg"))
-    assert row["status"] == "ok" and Image.open(mask).size == (600, 400)
+    assert row["status"] == "ok" and Image.open(out / "masks" / "coffee.jpg.png").size == (600, 400)
 
 
 def test_cutouts_with_bgcolor_and_ppm(tmp_path):
@@ -193,20 +195,21 @@ def test_task_slots_always_leave_room_for_writes(cluster_cpus, pool, expected):
 
 
 def test_input_blocks_are_whole_batches_and_capped():
-    """The driver builds the items dataset itself: one put per block, capped for huge catalogs."""
+    """The inputs to mask are cut into blocks of whole prepare batches, capped for huge catalogs."""
     import math
 
-    from pipeline.graph import MAX_INPUT_BLOCKS, batch_size_for, items_dataset, rows_per_input_block
+    import pyarrow as pa
+    import ray
+
+    from pipeline.graph import MAX_INPUT_BLOCKS, GraphSpec, batch_size_for, input_blocks, rows_per_input_block
 
     assert rows_per_input_block(10, 4) == 4
     for n in (MAX_INPUT_BLOCKS * 4, MAX_INPUT_BLOCKS * 4 + 1, 1_000_000):
         rows = rows_per_input_block(n, 4)
         assert rows % 4 == 0 and math.ceil(n / rows) <= MAX_INPUT_BLOCKS
-    import pyarrow as pa
-
-    items = pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]})
-    ds = items_dataset(items, 4)
-    assert ds.num_blocks() == 3 and ds.count() == 10
+    todo = ray.data.from_arrow(pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]}))
+    blocks = input_blocks(todo, 10, GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, 2.0))
+    assert blocks.num_blocks() == 3 and blocks.count() == 10
     # Fewer inputs than a batch per actor: smaller batches, spread over the pool.
     assert [batch_size_for(n, 4, 2) for n in (1, 2, 3, 6, 7, 8, 100)] == [1, 1, 2, 3, 4, 4, 4]
     assert batch_size_for(5, 4, 16) == 1

@@ -1,8 +1,8 @@
 """The inference actor: one fp32 ONNX Runtime session, used by a fixed-size Ray Data pool.
 
 Input columns: ``status``, ``pre`` (320x320x3 uint8 bytes). Adds ``small`` (320x320 uint8 mask
-bytes), ``infer_ms``, ``node`` and ``actor``. The only module in ``operators`` that touches Ray:
-the model arrives as an object-store reference and the node id labels the manifest rows.
+bytes), ``infer_ms``, ``node`` and ``actor``. The Ray adapter around ``operators.session``: the
+model arrives as an object-store reference and the node id labels the manifest rows.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from operators.preprocess import MODEL_SIZE, normalise
 from operators.session import SessionOptions, make_session, run_model, to_small_mask
+from pipeline.rows import one_line
 
 
 class InferenceActor:
@@ -38,7 +39,7 @@ class InferenceActor:
         n = len(batch["status"])
         small = np.empty(n, dtype=object)
         infer_ms = np.zeros(n, dtype=np.float64)
-        status, error = batch["status"].copy(), batch["error"].copy()
+        status, error, kind = batch["status"].copy(), batch["error"].copy(), batch["error_kind"].copy()
         for i in range(n):
             small[i] = b""
             if status[i] != "pending":
@@ -47,10 +48,10 @@ class InferenceActor:
             try:
                 small[i] = self.infer_one(batch["pre"][i])
             except Exception as exc:  # noqa: BLE001 - one bad tensor must not kill the batch
-                status[i], error[i] = "error", f"infer: {' '.join(str(exc).split())[:200]}"
+                status[i], kind[i], error[i] = "error", "infer", f"infer: {one_line(exc)}"
             infer_ms[i] = (time.perf_counter() - t0) * 1000
         out = {k: v for k, v in batch.items() if k != "pre"}  # drop the tensor: it is done
-        out.update(small=small, infer_ms=infer_ms, status=status, error=error,
+        out.update(small=small, infer_ms=infer_ms, status=status, error=error, error_kind=kind,
                    node=np.full(n, self.node, dtype=object), actor=np.full(n, self.actor, dtype=object))
         return out
 

@@ -1,0 +1,347 @@
+"""Plan a run on the cluster: find the inputs, and decide for each what this run must do.
+
+The driver only checks that the input can be reached (one request) and builds a Ray Data plan;
+every per-input step runs in Ray tasks, so the driver's work and memory do not grow with the
+catalog:
+
+* **A list file** (``.txt``, ``.csv``, ``.parquet``, or a glob of shards such as
+  ``lists/list-*.parquet``) is read with Ray Data's own readers (``read_text`` / ``read_csv`` /
+  ``read_parquet``). Relative entries resolve against the list's own folder.
+* **A prefix** is listed by Ray tasks: one task lists the top level with a delimiter, then each
+  sub-prefix is listed recursively in its own task, keeping every object's size from the listing
+  (so no input needs a HEAD for it). Ray 2.60's distributed listing (``ListFiles``) serves only
+  ``read_parquet``; ``read_binary_files`` lists on the driver and would also fetch every byte in
+  the read, before the skip decision, so listing is done here instead.
+* **Resolve**: when inputs may repeat (lists) or earlier runs left a manifest under
+  ``<output>/_manifest/``, the inputs and the earlier manifests' rows are grouped by source with
+  one hash shuffle (``groupby(...).aggregate`` on Ray Data). For each source that gives the number
+  of times it is listed and whether its newest recorded output was made with this run's
+  fingerprint. No per-input request goes to storage. Ray Data's ``CheckpointConfig`` is not used:
+  it drops finished ids from the dataset (this run must still write a ``skipped`` row for each),
+  it knows nothing of fingerprints, and it loads every checkpointed id into each filter actor.
+
+The result is a ``decision`` per input: ``todo``, ``done`` (skipped: its output exists with this
+fingerprint), ``duplicate`` (skipped: listed again), ``unsafe`` (a list entry under the output
+prefix: an error row) or ``ignored`` (a listed object without an image extension: counted, no row).
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from operators import storage
+from operators.keys import MANIFEST_DIR, key_for_listed_uri, relative_to_prefix
+from pipeline.config import ConfigError
+from pipeline.rows import OK, SKIPPED, one_line
+
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".png", ".webp", ".bmp", ".dib", ".tif", ".tiff", ".gif", ".mpo"}
+)
+LIST_EXTENSIONS = (".txt", ".csv", ".parquet")
+LIST_COLUMNS = ("source", "path", "uri")
+# Rows per block that the listing tasks emit.
+LISTING_ROWS_PER_BLOCK = 20_000
+
+RAW_SCHEMA = pa.schema([("source", pa.string()), ("size", pa.int64()), ("ignored", pa.int8()),
+                        ("n", pa.int64()), ("t_any", pa.float64()), ("t_same", pa.float64())])
+RESOLVED_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("size", pa.int64()),
+                             ("decision", pa.string())])
+TODO, DONE, DUPLICATE, UNSAFE, IGNORED = "todo", "done", "duplicate", "unsafe", "ignored"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Where the inputs come from; small enough to ship to every planning task."""
+
+    uri: str
+    kind: str  # "prefix" | "list"
+    output: str  # the output prefix with its scheme (file paths bare and absolute)
+    storage_options: dict[str, Any]
+    list_column: str = ""  # the URI column of a .csv / .parquet list
+
+    @property
+    def root(self) -> str:
+        return storage.strip_protocol(self.uri).rstrip("/")
+
+
+def is_list_file(uri: str) -> bool:
+    return uri.lower().endswith(LIST_EXTENSIONS)
+
+
+def storage_error(exc: BaseException) -> str:
+    return one_line(exc)
+
+
+def normalise_uri(uri: str) -> str:
+    """Local paths absolute and without a scheme, object-store URIs as given."""
+    return storage.strip_protocol(uri) if storage.protocol_of(uri) == "file" else uri
+
+
+# ---------------------------------------------------------------- fail fast, on the driver
+
+def check_input(uri: str, output: str, storage_options: dict) -> InputSpec:
+    """One request to prove the input is reachable; a list's header is read to find its column."""
+    kind = "list" if is_list_file(uri) else "prefix"
+    spec = InputSpec(uri, kind, normalise_uri(output.rstrip("/")), storage_options)
+    fs = storage.filesystem(uri, storage_options)
+    what = "input list" if kind == "list" else "input"
+    try:
+        if kind == "list":
+            paths = list_shards(spec)
+            if not paths:
+                raise ConfigError(f"input list {uri}: not found")
+            return InputSpec(uri, kind, spec.output, storage_options, list_column(paths[0], spec))
+        info = fs.info(spec.root)
+    except ConfigError:
+        raise
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {uri}: does not exist" if kind == "prefix" else f"{what} {uri}: not found") from None
+    except Exception as exc:  # noqa: BLE001 - access errors surface as one config line
+        raise ConfigError(f"{what} {uri}: cannot read ({storage_error(exc)})") from None
+    if info.get("type") != "directory":
+        raise ConfigError(f"input {uri}: the prefix is a single object (no images to mask)")
+    return spec
+
+
+def list_shards(spec: InputSpec) -> list[str]:
+    """A list file, or the shards a glob names (bounded: one entry per shard file, not per input)."""
+    fs = storage.filesystem(spec.uri, spec.storage_options)
+    path = storage.strip_protocol(spec.uri)
+    if any(c in spec.uri for c in "*?["):
+        return sorted(fs.glob(path))
+    return [path] if fs.exists(path) else []
+
+
+def list_column(path: str, spec: InputSpec) -> str:
+    """The URI column of a .csv or .parquet list, from its header or footer alone."""
+    lower = path.lower()
+    if lower.endswith(".txt"):
+        return "text"
+    fs = storage.filesystem(spec.uri, spec.storage_options)
+    if lower.endswith(".parquet"):
+        with fs.open(path, "rb") as fh:
+            names = pq.read_schema(fh).names
+    else:
+        head = fs.cat_file(path, start=0, end=64 * 1024)
+        names = pacsv.read_csv(io.BytesIO(head.split(b"\n", 1)[0] + b"\n")).column_names
+    column = next((c for c in LIST_COLUMNS if c in names), None)
+    if column is None:
+        raise ConfigError(f"input list {spec.uri}: needs a column named one of {', '.join(LIST_COLUMNS)}")
+    return column
+
+
+# ---------------------------------------------------------------- the raw inputs, as Ray Data
+
+def raw_inputs(spec: InputSpec):
+    """``source, size, ignored`` (+ resolve columns) for every listed input, built by Ray tasks."""
+    return read_list(spec) if spec.kind == "list" else list_prefix(spec)
+
+
+def _reader_target(spec: InputSpec) -> tuple[list[str], Any]:
+    paths = list_shards(spec)
+    if storage.protocol_of(spec.uri) == "file":
+        return paths, None
+    return paths, storage.filesystem(spec.uri, spec.storage_options)
+
+
+def read_list(spec: InputSpec):
+    import ray
+
+    paths, fs = _reader_target(spec)
+    lower = spec.uri.lower()
+    if lower.endswith(".txt"):
+        ds = ray.data.read_text(paths, filesystem=fs)
+    elif lower.endswith(".csv"):
+        ds = ray.data.read_csv(paths, filesystem=fs)
+    else:
+        ds = ray.data.read_parquet(paths, filesystem=fs, columns=[spec.list_column])
+    return ds.map_batches(list_entries, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None)
+
+
+def list_entries(batch: pa.Table, spec: InputSpec) -> pa.Table:
+    """A block of list lines -> raw input rows (comments and blanks dropped, paths normalised)."""
+    values = pc.utf8_trim_whitespace(pc.cast(batch.column(spec.list_column), pa.string()))
+    keep = pc.and_(pc.is_valid(values), pc.greater(pc.utf8_length(values), 0))
+    if spec.list_column == "text":
+        keep = pc.and_(keep, pc.invert(pc.starts_with(values, "#")))
+    entries = pc.filter(values, pc.fill_null(keep, False)).to_pylist()
+    base = posixpath.dirname(spec.uri.rstrip("/"))
+    return raw_table([resolve_entry(e, base) for e in entries], [-1] * len(entries), [0] * len(entries))
+
+
+def resolve_entry(entry: str, list_folder: str) -> str:
+    """A list entry as a normalised URI; a relative one is taken from the list's own folder."""
+    if storage.protocol_of(entry) == "file" and not entry.startswith(("/", "~", "file:")):
+        entry = storage.join_uri(list_folder, entry)
+    return normalise_uri(entry)
+
+
+def raw_table(sources: list[str], sizes: list[int], ignored: list[int]) -> pa.Table:
+    n = len(sources)
+    nulls = pa.nulls(n, pa.float64())
+    return pa.table([pa.array(sources, pa.string()), pa.array(sizes, pa.int64()), pa.array(ignored, pa.int8()),
+                     pa.array(np.ones(n, dtype=np.int64)), nulls, nulls], schema=RAW_SCHEMA)
+
+
+def list_prefix(spec: InputSpec):
+    """Top level in one task; each sub-prefix in its own task, in parallel over the cluster."""
+    import ray
+
+    top = ray.data.from_items([{"path": spec.root}]).map_batches(
+        list_top_level, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
+    ).materialize()  # small: the root's own objects and sub-prefixes, in the object store
+    subdirs = top.map_batches(_entries, fn_kwargs={"dirs": True}, batch_format="pyarrow", batch_size=None).materialize()
+    files = top.map_batches(_entries, fn_kwargs={"dirs": False}, batch_format="pyarrow", batch_size=None)
+    n_dirs = subdirs.count()
+    if not n_dirs:
+        return files
+    nested = subdirs.repartition(min(n_dirs, 1000)).map_batches(
+        list_recursively, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
+    )
+    return files.union(nested)
+
+
+def _entries(t: pa.Table, dirs: bool) -> pa.Table:
+    return t.filter(pc.equal(t.column("is_dir"), 1 if dirs else 0)).drop(["is_dir"]).cast(RAW_SCHEMA)
+
+
+def list_top_level(batch: pa.Table, spec: InputSpec):
+    """One delimiter listing of the root: its objects (as raw rows) and its sub-prefixes."""
+    fs = storage.filesystem(spec.uri, spec.storage_options)
+    entries = storage.with_retries(lambda: fs.ls(spec.root, detail=True))
+    dirs = [e["name"] for e in entries if e.get("type") == "directory"]  # paths without a scheme
+    files = [e for e in entries if e.get("type") != "directory"]
+    for chunk in _chunks(files):
+        yield _listed(chunk, spec).append_column("is_dir", pa.array(np.zeros(len(chunk), np.int8)))
+    if dirs:
+        t = raw_table(dirs, [-1] * len(dirs), [0] * len(dirs))
+        yield t.append_column("is_dir", pa.array(np.ones(len(dirs), np.int8)))
+
+
+def list_recursively(batch: pa.Table, spec: InputSpec):
+    """Every object under each sub-prefix of the batch, with its size, in blocks."""
+    fs = storage.filesystem(spec.uri, spec.storage_options)
+    for path in batch.column("source").to_pylist():
+        found = storage.with_retries(lambda p=path: fs.find(p, detail=True))
+        for chunk in _chunks([{"name": k, **v} for k, v in found.items() if v.get("type") != "directory"]):
+            yield _listed(chunk, spec)
+
+
+def _chunks(items: list[Any]):
+    for i in range(0, len(items), LISTING_ROWS_PER_BLOCK):
+        yield items[i:i + LISTING_ROWS_PER_BLOCK]
+
+
+def _listed(entries: list[dict[str, Any]], spec: InputSpec) -> pa.Table:
+    proto = storage.protocol_of(spec.uri)
+    names = [storage.with_protocol(proto, e["name"].split("://", 1)[-1]) for e in entries]
+    ignored = [0 if posixpath.splitext(n)[1].lower() in IMAGE_EXTENSIONS else 1 for n in names]
+    return raw_table(names, [int(e.get("size") or 0) for e in entries], ignored)
+
+
+# ---------------------------------------------------------------- resolve against earlier runs
+
+def manifest_root(output: str) -> str:
+    return storage.join_uri(output, MANIFEST_DIR)
+
+
+def earlier_evidence(output: str, storage_options: dict, fp: str):
+    """Rows of earlier manifests that say what made an output: ``source, t_any, t_same``.
+
+    An ok row, or a row skipped because its output was already done, records at ``finished_at``
+    that the output existed with ``fingerprint``. The newest such record per source says what is
+    in the file now (a later run with other settings may have replaced it). None when no earlier
+    run left a manifest part.
+    """
+    import ray
+
+    fs = None if storage.protocol_of(output) == "file" else storage.filesystem(output, storage_options)
+    root = storage.strip_protocol(manifest_root(output))
+    try:
+        ds = ray.data.read_parquet(root, filesystem=fs, file_extensions=["parquet"], partitioning=None)
+    except (ValueError, FileNotFoundError) as exc:
+        if isinstance(exc, FileNotFoundError) or "no files found" in str(exc).lower():
+            return None
+        raise
+    return ds.map_batches(evidence_rows, fn_kwargs={"fp": fp}, batch_format="pyarrow", batch_size=None)
+
+
+def evidence_rows(batch: pa.Table, fp: str) -> pa.Table:
+    names = batch.column_names
+    n = batch.num_rows
+    if "fingerprint" not in names:  # a manifest from before fingerprints: nothing is known to match
+        return RAW_SCHEMA.empty_table()
+    status = batch.column("status")
+    recorded = pc.and_(pc.is_valid(batch.column("fingerprint")),
+                       pc.or_(pc.equal(status, OK), pc.equal(status, SKIPPED)))
+    recorded = pc.fill_null(recorded, False)
+    t = batch.filter(recorded)
+    same = pc.fill_null(pc.equal(t.column("fingerprint"), fp), False)
+    finished = pc.cast(t.column("finished_at"), pa.float64())
+    n = t.num_rows
+    return pa.table([t.column("source"), pa.array(np.full(n, -1, np.int64)), pa.array(np.zeros(n, np.int8)),
+                     pa.array(np.zeros(n, np.int64)), finished,
+                     pc.if_else(same, finished, pa.scalar(None, pa.float64()))], schema=RAW_SCHEMA)
+
+
+def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2):
+    """Group inputs (and earlier evidence) by source: one shuffle, then a decision per input."""
+    from ray.data.aggregate import Max, Sum
+
+    ds = raw if evidence is None else raw.union(evidence)
+    grouped = ds.groupby("source", num_partitions=partitions).aggregate(
+        Sum("n", alias_name="n"), Max("size", alias_name="size"), Max("ignored", alias_name="ignored"),
+        Max("t_any", alias_name="t_any"), Max("t_same", alias_name="t_same"),
+    )
+    return grouped.map_batches(decide, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None)
+
+
+def plain(raw, spec: InputSpec):
+    """No earlier run and no possible repeats (a listed prefix): every image is to do."""
+    return raw.map_batches(decide, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None)
+
+
+def decide(batch: pa.Table, spec: InputSpec) -> pa.Table:
+    """Grouped rows -> one resolved row per listing of each source (repeats become duplicates)."""
+    n = batch.column("n").to_numpy(zero_copy_only=False)
+    batch = batch.filter(pa.array(n > 0))  # sources only earlier runs knew
+    n = n[n > 0]
+    sources = batch.column("source")
+    t_any = pc.cast(batch.column("t_any"), pa.float64())
+    t_same = pc.cast(batch.column("t_same"), pa.float64())
+    done = pc.fill_null(pc.and_(pc.is_valid(t_same), pc.greater_equal(t_same, t_any)), False)
+    unsafe = pc.or_(pc.equal(sources, spec.output), pc.starts_with(sources, spec.output + "/"))
+    if spec.kind == "prefix":
+        unsafe = pa.array(np.zeros(len(n), bool))
+    ignored = pc.equal(batch.column("ignored"), 1)
+    decision = pc.if_else(ignored, IGNORED, pc.if_else(unsafe, UNSAFE, pc.if_else(done, DONE, TODO)))
+    src = sources.to_pylist()
+    keys = [key_of(s, spec) for s in src]
+    first = pa.table([sources, pa.array(keys, pa.string()), batch.column("size"), decision],
+                     schema=RESOLVED_SCHEMA)
+    extra = np.repeat(np.arange(len(n)), n - 1)
+    if not len(extra):
+        return first
+    dup = first.take(pa.array(extra)).set_column(3, "decision", pa.array([DUPLICATE] * len(extra), pa.string()))
+    return pa.concat_tables([first, dup])
+
+
+def key_of(source: str, spec: InputSpec) -> str:
+    """The output key: relative to the listed prefix, or the whole URI for list entries."""
+    if spec.kind == "prefix":
+        proto = storage.protocol_of(spec.uri)
+        path = source if proto == "file" else storage.strip_protocol(source)
+        try:
+            return relative_to_prefix(path, spec.root)
+        except ValueError:
+            return ""
+    return key_for_listed_uri(source)
