@@ -79,6 +79,12 @@ def _gcs_filesystem(options: dict[str, Any]) -> fsspec.AbstractFileSystem:
     return gcsfs.core.GCSFileSystem(**opts)
 
 
+def forget_listings(uri: str, options: dict[str, Any] | None = None) -> None:
+    """Drop this process's cached listings: other processes (Ray workers) write under the output,
+    and a listing cached before their writes would hide them (s3fs and gcsfs cache listings)."""
+    filesystem(uri, options).invalidate_cache()
+
+
 def with_retries(fn: Callable[[], T], attempts: int = RETRY_ATTEMPTS) -> T:
     """Run ``fn``, retrying TRANSIENT_ERRORS with exponential backoff."""
     for attempt in range(attempts):

@@ -105,6 +105,7 @@ def run_parts(output: str, run_id: str, attempt: str | None, storage_options: di
     """The part files of one run's committed attempt (or every part, when ``attempt`` is None)."""
     fs = storage.filesystem(output, storage_options)
     root = storage.strip_protocol(manifest_dir(output, run_id))
+    storage.forget_listings(output, storage_options)
     try:
         names = fs.ls(root, detail=False)
     except FileNotFoundError:

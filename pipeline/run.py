@@ -102,6 +102,7 @@ def execute(cfg: RunConfig) -> RunResult:
     fp = run_fingerprint(cfg, model)
     sink = ManifestSink(cfg.output, run_id, attempt, cfg.storage_options)
     placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), session_options(cfg), sink)
+    storage.forget_listings(cfg.output, cfg.storage_options)  # the workers wrote under it
     if reused:
         removed = remove_other_attempts(cfg.output, run_id, attempt, cfg.storage_options)
         log.info("run id %s was used before: replaced its %d earlier manifest parts", run_id, removed)

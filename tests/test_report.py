@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("rep")
-    write_catalog(root / "in", with_variants=False)
+    write_catalog(root / "in")  # with the variants: enough good images that both actors mask some
     assert main(["run", "--input", str(root / "in"), "--output", str(root / "out"), "--no-progress"]) == 3
     assert main(["report", str(root / "out"), "--price-per-hour", "0.027"]) == 0
     return root / "out" / "_report.html"
