@@ -8,7 +8,7 @@ INPUT  ?= samples
 OUTPUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench bench-int8 bench-ort clean submit
+.PHONY: setup run test lint bench bench-scale bench-int8 bench-ort clean submit
 
 setup: $(STAMP) $(MODEL)
 
@@ -43,6 +43,12 @@ submit: setup
 BENCH_ARGS ?=
 bench: setup
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
+
+# Catalog scale: first mask, driver peak RSS and a re-run of a fully done catalog at 10k/100k/1M inputs
+# (hard links locally, 100k tiny objects on the GCS emulator). SCALE_ARGS="--sizes 10000 100000 --gcs-size 0"
+SCALE_ARGS ?=
+bench-scale: setup
+	$(BIN)/python bench/scale.py $(SCALE_ARGS)
 
 # Side experiments: ORT session options, and int8 QDQ quantisation (speed-up and mask agreement).
 bench-ort: setup

@@ -1,7 +1,8 @@
 """The "first version" contender: maskray's own operators wired with Ray Data's defaults.
 
 Differences from pipeline.graph, on purpose: ``from_items`` blocks from rows taken to the driver,
-Ray Data's default block size, default 1-CPU tasks, an autoscaling actor pool that starts at 1 (no ``compute=``), and ONNX
+Ray Data's default block size, default 1-CPU tasks, an autoscaling actor pool that starts at 1
+(no ``compute=``), and ONNX
 Runtime's default thread count (0 = all cores per session). Everything else (manifest, summary) is maskray's.
 """
 

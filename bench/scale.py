@@ -35,13 +35,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.latency_proxy import LatencyProxy  # noqa: E402
+from operators.session import U2NETP_MD5  # noqa: E402
 from pipeline.config import DEFAULT_MODEL  # noqa: E402
 from pipeline.rows import MANIFEST_SCHEMA, TIME_COLUMNS, fingerprint  # noqa: E402
-from operators.session import U2NETP_MD5  # noqa: E402
 
 PHOTO = ROOT / "samples" / "chelsea.jpg"
 PER_FOLDER = 1000
 MASKRAY = str(ROOT / ".venv" / "bin" / "maskray")
+
+
+def link_source(root: Path, i: int) -> Path:
+    """A copy of the photo per 50,000 links (ext4 allows ~65,000 hard links to one file)."""
+    path = root / "src" / f"photo-{i // 50_000}.jpg"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(PHOTO.read_bytes())
+    return path
 
 
 def local_catalog(root: Path, n: int) -> tuple[Path, Path]:
@@ -57,7 +66,7 @@ def local_catalog(root: Path, n: int) -> tuple[Path, Path]:
                 folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"img{i:07d}.jpg"
             if not path.exists():
-                os.link(PHOTO, path)
+                os.link(link_source(root, i), path)
             fh.write(f"{path}\n")
     return src, listing
 
@@ -117,15 +126,13 @@ def launch(args: list[str], env: dict[str, str], stop_at_first_mask: str | None,
     hwm, first = 0.0, None
     while proc.poll() is None and time.monotonic() - t0 < timeout:
         hwm = max(hwm, vm_hwm_mb(proc.pid))
-        if stop_at_first_mask and first is None and first_mask_exists(stop_at_first_mask, fs):
+        if stop_at_first_mask and first_mask_exists(stop_at_first_mask, fs):
             first = time.monotonic() - t0
-            time.sleep(1.0)  # let a few more masks flow, then stop
+            time.sleep(1.0)  # let a few more masks flow, then stop the run and its local Ray
             hwm = max(hwm, vm_hwm_mb(proc.pid))
-            proc.send_signal(signal.SIGINT)
+            break
         time.sleep(0.2)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
+    if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     err = proc.stderr.read().decode(errors="replace")[-600:]
@@ -210,6 +217,55 @@ def bench_gcs(work: Path, n: int, env: dict[str, str], delay_ms: float) -> list[
         server.stop()
 
 
+def pool_utilisation(summary: dict) -> float:
+    """Share of the pool's time spent in inference, from the first image started to the last done."""
+    span = (summary["last_row_finished_at"] or 0) - (summary["first_row_started_at"] or 0)
+    busy = sum(summary["infer_seconds_by_actor"].values())
+    pool = summary["cluster"]["pool_size"] or 1
+    return busy / (pool * span) if span > 0 else 0.0
+
+
+def latency_ab(work: Path, n: int, env: dict[str, str], delay_ms: float, rounds: int) -> list[dict]:
+    """Masks from the emulator with ``delay_ms`` added per request: --io-threads 1 vs the default,
+    interleaved, whole runs."""
+    from tests.servers import GcsEmulator
+
+    server = GcsEmulator(work)
+    proxy = LatencyProxy(server.url, delay_s=delay_ms / 1000)
+    rows = []
+    try:
+        os.environ["STORAGE_EMULATOR_HOST"] = server.url
+        from operators import storage
+
+        fs = storage.filesystem("gs://x")
+        fs.mkdir("latency")
+        fs.pipe({f"latency/in/{i:04d}.jpg": PHOTO.read_bytes() for i in range(n)})
+        env = {**env, "STORAGE_EMULATOR_HOST": proxy.url}
+        for r in range(rounds):
+            for threads in ("1", "16"):
+                out = f"gs://latency/out-{threads}-{r}"
+                proxy.reset()
+                res = launch(["run", "--input", "gs://latency/in", "--output", out, "--io-threads", threads], env, None)
+                s = summary_of(out, fs)
+                rows.append({"io_threads": int(threads), "round": r, "images": s["ok"], "wall_s": res["wall_s"],
+                             "images_per_second": s["images_per_second"], "pool_utilisation": pool_utilisation(s),
+                             "peak_gets_in_flight": proxy.peak["get"], "peak_writes_in_flight": proxy.peak["write"]})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        proxy.stop()
+        server.stop()
+    return rows
+
+
+def latency_table(rows: list[dict], delay_ms: float) -> str:
+    lines = [f"| io threads (+{delay_ms:g} ms per request) | round | images | img/s | pool utilisation | "
+             "peak GETs in flight | peak writes in flight |", "| " + " | ".join(["---"] * 7) + " |"]
+    for r in rows:
+        lines.append(f"| {r['io_threads']} | {r['round']} | {r['images']} | {r['images_per_second']:.2f} | "
+                     f"{r['pool_utilisation']:.2f} | {r['peak_gets_in_flight']} | {r['peak_writes_in_flight']} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| where | input | inputs | first mask s | driver peak RSS MB | re-run of the done catalog s | "
             "skips/s | re-run driver peak RSS MB | requests per input (re-run) |")
@@ -217,8 +273,9 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         req = f"{r['rerun_requests_per_input']:.4f}" if "rerun_requests_per_input" in r else "-"
         first = f"{r['first_first_mask_s']:.1f}" if r["first_first_mask_s"] else "none"
-        lines.append(f"| {r['where']} | {r['input']} | {r['inputs']:,} | {first} | {r['first_driver_peak_rss_mb']:.0f} | "
-                     f"{r['rerun_s']:.1f} | {r['rerun_skips_per_s']:,.0f} | {r['rerun_driver_peak_rss_mb']:.0f} | {req} |")
+        lines.append(f"| {r['where']} | {r['input']} | {r['inputs']:,} | {first} | "
+                     f"{r['first_driver_peak_rss_mb']:.0f} | {r['rerun_s']:.1f} | {r['rerun_skips_per_s']:,.0f} | "
+                     f"{r['rerun_driver_peak_rss_mb']:.0f} | {req} |")
     return "\n".join(lines)
 
 
@@ -228,21 +285,27 @@ def main() -> int:
     ap.add_argument("--gcs-size", type=int, default=100_000, help="0 skips the emulator")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added to every emulator request")
     ap.add_argument("--work", default=None, help="where the catalogs go (default: a temp folder)")
+    ap.add_argument("--latency-images", type=int, default=96,
+                    help="images masked from the emulator at --latency-delay-ms, io threads 1 vs 16; 0 skips")
+    ap.add_argument("--latency-delay-ms", type=float, default=50.0)
+    ap.add_argument("--latency-rounds", type=int, default=2)
     args = ap.parse_args()
     if not Path(DEFAULT_MODEL).exists():
         print("models/u2netp.onnx missing: run make setup", file=sys.stderr)
         return 2
     work = Path(args.work or tempfile.mkdtemp(prefix="maskray-scale-"))
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "NO_GCE_CHECK": "true"}
-    rows = []
+    rows, latency = [], []
+    if args.latency_images:
+        latency = latency_ab(work, args.latency_images, env, args.latency_delay_ms, args.latency_rounds)
     for n in args.sizes:
         rows += bench_local(work, n, env)
     if args.gcs_size:
         rows += bench_gcs(work, args.gcs_size, env, args.delay_ms)
     results = ROOT / "bench" / "results"
     results.mkdir(exist_ok=True)
-    (results / "scale.json").write_text(json.dumps(rows, indent=1))
-    md = table(rows)
+    (results / "scale.json").write_text(json.dumps({"catalogs": rows, "latency": latency}, indent=1))
+    md = table(rows) + ("\n\n" + latency_table(latency, args.latency_delay_ms) if latency else "")
     (results / "scale.md").write_text(md + "\n")
     print(md)
     return 0

@@ -139,9 +139,6 @@ def configure_logging() -> None:
         log.propagate = False
     for noisy in ("gcsfs", "s3fs", "aiobotocore", "botocore", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
-    # A run is several Ray Data executions (plan, then mask): their per-execution INFO lines are
-    # noise on the console (Ray Data still writes them to its own log files).
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -106,12 +107,25 @@ def request_cluster_growth(size: int, cfg: RunConfig) -> None:
     request_resources(bundles=bundles)
 
 
+# Block size while planning: large blocks, so a plan of millions of inputs is a few hundred blocks
+# (the driver keeps a little state per block), not one per megabyte.
+PLAN_BLOCK_BYTES = 64 * 1024 * 1024
+
+
 def configure_data_context(cfg: RunConfig) -> None:
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = cfg.progress
+    # A run is several Ray Data executions (plan, then mask): their per-execution INFO lines are
+    # noise on the console (Ray Data still writes them to its own log files).
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     ctx.execution_options.preserve_order = False
-    # One prepared batch per block: memory stays flat and bounded, and batches stream.
-    ctx.target_max_block_size = prepared_batch_bytes(cfg.batch_size)
+    ctx.target_max_block_size = PLAN_BLOCK_BYTES
+
+
+def configure_for_images(cfg: RunConfig, ds: ray.data.Dataset) -> None:
+    """One prepared batch per block: memory stays flat and bounded, and batches stream. Set on the
+    dataset about to run: a dataset keeps the context of the one it was derived from (the plan's)."""
+    ds.context.target_max_block_size = prepared_batch_bytes(cfg.batch_size)
 
 
 def shuffle_partitions(cpus: float) -> int:
@@ -139,19 +153,24 @@ def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: Sta
     cpus = cluster_cpus()
     configure_data_context(cfg)
     resolved = plan_run(cfg, spec, settings.fingerprint, cpus)
+    n_planned = resolved.count()  # known from the materialized blocks' metadata
     todo, decided = split_decisions(resolved)
-    todo = todo.materialize()
+    size = pool_size(cfg, cpus, started_locally, n_planned) if n_planned else 1
+    graph = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size,
+                      session_options, cluster_cpus=cpus)
+    todo = input_blocks(todo, n_planned, graph)
     n_todo = todo.count()
     t_planned = time.monotonic()
     out = decided_graph(decided, settings)
-    size = 0
     if n_todo:
-        size = pool_size(cfg, cpus, started_locally, n_todo)
-        spec_ = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size,
-                          session_options, cluster_cpus=cpus)
-        blocks = input_blocks(todo, n_todo, spec_)
+        if n_todo < size:  # never more actors than inputs to mask
+            size = pool_size(cfg, cpus, started_locally, n_todo)
+            graph = replace(graph, pool_size=size)
         model_ref = ray.put(model.data)  # once; every actor reads it from the object store
-        out = image_graph(blocks, n_todo, model_ref, settings, spec_).union(out)
+        out = image_graph(todo, n_todo, model_ref, settings, graph).union(out)
+    else:
+        size = 0
+    configure_for_images(cfg, out)
     out.write_datasink(sink, ray_remote_args={"num_cpus": LIGHT_CPUS})
     actors = list(sink.stats["infer_ms_by_actor"])
     return {

@@ -28,6 +28,7 @@ prefix: an error row) or ``ignored`` (a listed object without an image extension
 from __future__ import annotations
 
 import io
+import math
 import posixpath
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +49,9 @@ IMAGE_EXTENSIONS = frozenset(
 )
 LIST_EXTENSIONS = (".txt", ".csv", ".parquet")
 LIST_COLUMNS = ("source", "path", "uri")
-# Rows per block that the listing tasks emit.
-LISTING_ROWS_PER_BLOCK = 20_000
+# Rows per block that the listing tasks emit, and how many listing tasks share the sub-prefixes.
+LISTING_ROWS_PER_BLOCK = 50_000
+LISTING_TASKS = 64
 
 RAW_SCHEMA = pa.schema([("source", pa.string()), ("size", pa.int64()), ("ignored", pa.int8()),
                         ("n", pa.int64()), ("t_any", pa.float64()), ("t_same", pa.float64())])
@@ -204,7 +206,10 @@ def list_prefix(spec: InputSpec):
     n_dirs = subdirs.count()
     if not n_dirs:
         return files
-    nested = subdirs.repartition(min(n_dirs, 1000)).map_batches(
+    # Sub-prefixes spread over a bounded number of listing tasks (streaming repartition: the
+    # split kind passes every block through the driver).
+    per_task = math.ceil(n_dirs / min(n_dirs, LISTING_TASKS))
+    nested = subdirs.repartition(target_num_rows_per_block=per_task).map_batches(
         list_recursively, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
     )
     return files.union(nested)
@@ -230,10 +235,15 @@ def list_top_level(batch: pa.Table, spec: InputSpec):
 def list_recursively(batch: pa.Table, spec: InputSpec):
     """Every object under each sub-prefix of the batch, with its size, in blocks."""
     fs = storage.filesystem(spec.uri, spec.storage_options)
+    pending: list[dict[str, Any]] = []
     for path in batch.column("source").to_pylist():
         found = storage.with_retries(lambda p=path: fs.find(p, detail=True))
-        for chunk in _chunks([{"name": k, **v} for k, v in found.items() if v.get("type") != "directory"]):
-            yield _listed(chunk, spec)
+        pending += [{"name": k, **v} for k, v in found.items() if v.get("type") != "directory"]
+        while len(pending) >= LISTING_ROWS_PER_BLOCK:
+            yield _listed(pending[:LISTING_ROWS_PER_BLOCK], spec)
+            pending = pending[LISTING_ROWS_PER_BLOCK:]
+    if pending:
+        yield _listed(pending, spec)
 
 
 def _chunks(items: list[Any]):

@@ -8,10 +8,10 @@ import cv2
 import numpy as np
 import onnxruntime as ort
 import pytest
-from pipeline.stages import StageSettings, finish_image, prepare_image
 from PIL import Image
 
 from operators import decode, encode, postprocess, preprocess, session
+from pipeline.stages import StageSettings, finish_image, prepare_image
 from tests import images
 from tests.rembg_reference import agreement, reference_mask
 

@@ -89,3 +89,27 @@ def test_s3_end_to_end(s3_server, bucket_name, monkeypatch):
     code = main(["run", "--input", f"s3://{bucket_name}/in", "--output", f"s3://{bucket_name}/out",
                  "--no-progress", "--endpoint-url", s3_server.url])
     check_run(fs, "s3", bucket_name, files, code)
+
+
+def test_fetches_and_writes_overlap_when_each_request_is_slow(gcs_server, bucket_name):
+    """Through a proxy that adds 50 ms to every request, a run keeps several fetches and writes
+    in flight at once; with --io-threads 1 it makes one request at a time per task."""
+    from bench.latency_proxy import LatencyProxy
+
+    fs = storage.filesystem("gs://x")
+    fs.mkdir(bucket_name)
+    photo = (images.SAMPLES / "chelsea.jpg").read_bytes()
+    fs.pipe({f"{bucket_name}/in/{i:02d}.jpg": photo for i in range(32)})
+    proxy = LatencyProxy(gcs_server.url, delay_s=0.05)
+    try:
+        peaks = {}
+        for threads in ("1", "16"):
+            proxy.reset()
+            code = main(["run", "--input", f"gs://{bucket_name}/in", "--output", f"gs://{bucket_name}/out{threads}",
+                         "--no-progress", "--io-threads", threads, "--endpoint-url", proxy.url])
+            assert code == 0
+            peaks[threads] = dict(proxy.peak)
+    finally:
+        proxy.stop()
+    assert peaks["1"]["get"] == 1 and peaks["1"]["write"] <= 2
+    assert peaks["16"]["get"] >= 8 and peaks["16"]["write"] >= 3, peaks

@@ -201,12 +201,18 @@ def test_input_blocks_are_whole_batches_and_capped():
     import pyarrow as pa
     import ray
 
-    from pipeline.graph import MAX_INPUT_BLOCKS, GraphSpec, batch_size_for, input_blocks, rows_per_input_block
+    from pipeline.graph import (
+        GraphSpec, batch_size_for, cpu_task_slots, input_blocks, max_input_blocks, rows_per_input_block,
+    )
 
-    assert rows_per_input_block(10, 4) == 4
-    for n in (MAX_INPUT_BLOCKS * 4, MAX_INPUT_BLOCKS * 4 + 1, 1_000_000):
-        rows = rows_per_input_block(n, 4)
-        assert rows % 4 == 0 and math.ceil(n / rows) <= MAX_INPUT_BLOCKS
+    assert rows_per_input_block(10, 4, 16) == 4
+    for n in (16 * 4, 16 * 4 + 1, 1_000_000):
+        rows = rows_per_input_block(n, 4, 16)
+        assert rows % 4 == 0 and math.ceil(n / rows) <= 16
+    # The cap follows the cluster's decode slots, not the catalog.
+    assert max_input_blocks(GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, 2.0)) == 16
+    big = GraphSpec(320, 1.15, 0.25, 0.25, 4, {}, 384.0)
+    assert max_input_blocks(big) == 8 * cpu_task_slots(big) > 16
     todo = ray.data.from_arrow(pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]}))
     blocks = input_blocks(todo, 10, GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, 2.0))
     assert blocks.num_blocks() == 3 and blocks.count() == 10
@@ -221,7 +227,8 @@ def test_a_block_of_many_batches_still_feeds_every_actor(tmp_path, monkeypatch, 
     the rest of the pool idles."""
     import pipeline.graph
 
-    monkeypatch.setattr(pipeline.graph, "MAX_INPUT_BLOCKS", 1)  # every input in one block
+    monkeypatch.setattr(pipeline.graph, "MIN_INPUT_BLOCKS", 1)  # every input in one block
+    monkeypatch.setattr(pipeline.graph, "BLOCKS_PER_TASK_SLOT", 1)
     src = tmp_path / "in"
     src.mkdir()
     for i in range(16):

@@ -116,6 +116,11 @@ def test_changing_any_fingerprinted_option_redoes_every_input(tmp_path):
     assert statuses("--png-level", "9")[0] == ["ok", "ok"]
     assert statuses("--png-level", "9")[0] == ["skipped", "skipped"]
     assert statuses("--png-level", "9", "--overwrite")[0] == ["ok", "ok"]
+    cutout = out / "cutouts" / f"{images.PHOTOS[0].name}.png"
+    assert statuses("--png-level", "9", "--format", "both")[0] == ["ok", "ok"] and cutout.exists()
+    plain = np.asarray(Image.open(cutout))
+    assert statuses("--png-level", "9", "--format", "both", "--bgcolor", "0,255,0,255")[0] == ["ok", "ok"]
+    assert (np.asarray(Image.open(cutout)) != plain).any()  # the cutout was replaced, not kept
 
 
 def test_a_reused_run_id_never_mixes_old_and_new_parts(tmp_path):
