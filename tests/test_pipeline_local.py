@@ -202,7 +202,12 @@ def test_input_blocks_are_whole_batches_and_capped():
     import ray
 
     from pipeline.graph import (
-        GraphSpec, batch_size_for, cpu_task_slots, input_blocks, max_input_blocks, rows_per_input_block,
+        GraphSpec,
+        batch_size_for,
+        cpu_task_slots,
+        input_blocks,
+        max_input_blocks,
+        rows_per_input_block,
     )
 
     assert rows_per_input_block(10, 4, 16) == 4
