@@ -1,7 +1,8 @@
 """``maskray`` command line: run, submit, report, fetch-model.
 
 Exit status: 0 all inputs ok or skipped; 3 the run completed but some inputs failed; 2 bad
-usage or config (one line on stderr, before any image is processed); 1 anything else.
+usage or config (one line on stderr, before any image is processed); 130 / 143 stopped by SIGINT /
+SIGTERM (one line; re-run to resume); 1 anything else.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from pipeline.config import ConfigError, RunConfig, resolve_config
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (pipeline.execution)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     except KeyboardInterrupt:
         print("maskray: interrupted; re-run the same command to resume", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

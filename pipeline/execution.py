@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -144,11 +147,48 @@ def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.
     return resolved.materialize()
 
 
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def install_stop_handlers() -> dict[int, Any]:
+    """SIGINT / SIGTERM stop the run with one line and exit 130 / 143 within seconds.
+
+    Installed after Ray starts (Ray replaces the handlers it finds). The main thread only waits on
+    Ray Data's executor, and a KeyboardInterrupt there left the executor running (seen here: masks
+    kept coming for minutes), so the handler stops Ray itself. Every mask already written has its
+    row in a finished manifest part or is redone by the next run (a row is written after its mask).
+    """
+    def stop(signum: int, _frame: object) -> None:
+        print(f"maskray: {signal.Signals(signum).name} received: stopping; re-run the same command to resume",
+              file=sys.stderr, flush=True)
+        done = threading.Thread(target=ray.shutdown, daemon=True)
+        done.start()
+        done.join(timeout=10)
+        os._exit(EXIT_SIGNAL.get(signum, 1))
+
+    return {signum: signal.signal(signum, stop) for signum in EXIT_SIGNAL}
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
               session_options: dict[str, Any], sink: ManifestSink) -> dict[str, Any]:
     """Plan, mask and record; returns placement and timing facts for the summary."""
     t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
+    previous = install_stop_handlers() if threading.current_thread() is threading.main_thread() else {}
+    try:
+        return _run_graph(cfg, spec, model, settings, session_options, sink, started_locally, t0)
+    finally:
+        restore_handlers(previous)
+
+
+def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
+               session_options: dict[str, Any], sink: ManifestSink, started_locally: bool,
+               t0: float) -> dict[str, Any]:
     t_connected = time.monotonic()
     cpus = cluster_cpus()
     configure_data_context(cfg)
