@@ -188,7 +188,7 @@ def bench_gcs(work: Path, n: int, env: dict[str, str], delay_ms: float) -> list[
         os.environ["STORAGE_EMULATOR_HOST"] = server.url
         from operators import storage
 
-        fs = storage.filesystem("gs://x")
+        fs = storage.filesystem("gs://x", {"endpoint_url": server.url})  # this server's own client
         bucket = "scale-bench"
         fs.mkdir(bucket)
         data = tiny_png()
@@ -237,7 +237,7 @@ def latency_ab(work: Path, n: int, env: dict[str, str], delay_ms: float, rounds:
         os.environ["STORAGE_EMULATOR_HOST"] = server.url
         from operators import storage
 
-        fs = storage.filesystem("gs://x")
+        fs = storage.filesystem("gs://x", {"endpoint_url": server.url})  # this server's own client
         fs.mkdir("latency")
         fs.pipe({f"latency/in/{i:04d}.jpg": PHOTO.read_bytes() for i in range(n)})
         env = {**env, "STORAGE_EMULATOR_HOST": proxy.url}
@@ -281,7 +281,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--gcs-size", type=int, default=100_000, help="0 skips the emulator")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added to every emulator request")
     ap.add_argument("--work", default=None, help="where the catalogs go (default: a temp folder)")
@@ -294,6 +294,7 @@ def main() -> int:
         print("models/u2netp.onnx missing: run make setup", file=sys.stderr)
         return 2
     work = Path(args.work or tempfile.mkdtemp(prefix="maskray-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "NO_GCE_CHECK": "true"}
     rows, latency = [], []
     if args.latency_images:

@@ -23,6 +23,14 @@ def summary_and_rows(out: Path) -> tuple[dict, list[dict]]:
     return summary, pq.read_table(out / "_manifest" / summary["run_id"]).to_pylist()
 
 
+def photos(tmp_path: Path, n: int) -> Path:
+    src = tmp_path / "in"
+    src.mkdir()
+    for p in images.PHOTOS[:n]:
+        (src / p.name).write_bytes(p.read_bytes())
+    return src
+
+
 def run(src, out, *flags) -> tuple[int, dict, list[dict]]:
     code = main(["run", "--input", str(src), "--output", str(out), "--no-progress", *flags])
     return (code, *summary_and_rows(out))
@@ -91,10 +99,7 @@ def test_duplicates_in_a_list_get_one_skipped_row_each(tmp_path):
 
 
 def test_changing_any_fingerprinted_option_redoes_every_input(tmp_path):
-    src = tmp_path / "in"
-    src.mkdir()
-    for p in images.PHOTOS[:2]:
-        (src / p.name).write_bytes(p.read_bytes())
+    src = photos(tmp_path, 2)
     out = tmp_path / "out"
     mask = out / "masks" / f"{images.PHOTOS[0].name}.png"
 
@@ -124,10 +129,7 @@ def test_changing_any_fingerprinted_option_redoes_every_input(tmp_path):
 
 
 def test_a_reused_run_id_never_mixes_old_and_new_parts(tmp_path):
-    src = tmp_path / "in"
-    src.mkdir()
-    for p in images.PHOTOS[:3]:
-        (src / p.name).write_bytes(p.read_bytes())
+    src = photos(tmp_path, 3)
     out = tmp_path / "out"
     run(src, out, "--run-id", "same")
     first_parts = set((out / "_manifest" / "same").glob("part-*.parquet"))
@@ -168,3 +170,15 @@ def test_sigterm_stops_a_run_within_seconds_and_the_rerun_finishes(tmp_path):
     assert subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).stdout == b""
     code, summary, rows = run(src, out)
     assert code == 0 and len(rows) == 120 and summary["ok"] + summary["skipped"] == 120
+
+
+def test_rows_from_before_fingerprints_count_as_unknown_not_done():
+    """Manifests written before the fingerprint column: their outputs are redone once, not kept."""
+    from pipeline.plan import evidence_rows
+
+    old = pa.table({"source": ["/in/a.jpg"], "status": ["ok"], "finished_at": [1.0]})
+    assert evidence_rows(old, "fp").num_rows == 0
+    new = pa.table({"source": ["/in/a.jpg", "/in/b.jpg", "/in/c.jpg"], "status": ["ok", "error", "skipped"],
+                    "fingerprint": ["fp", None, "other"], "finished_at": [1.0, 2.0, 3.0]})
+    ev = evidence_rows(new, "fp").to_pylist()
+    assert [(r["source"], r["t_any"], r["t_same"]) for r in ev] == [("/in/a.jpg", 1.0, 1.0), ("/in/c.jpg", 3.0, None)]
