@@ -6,7 +6,9 @@ into the run's summary and beside its manifest.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,11 +142,41 @@ def resolve_config(
 
 
 def format_validation_error(exc: ValidationError) -> str:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = unknown[0] if unknown else errors[0]
     field = ".".join(str(p) for p in first["loc"]) or "config"
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if unknown:
+        return f"config error: unknown option '{field}'{did_you_mean(field)}{more}"
     return f"config error: {field}: {first['msg']}{more}"
 
 
+def did_you_mean(name: str) -> str:
+    match = difflib.get_close_matches(name.replace("-", "_"), list(RunConfig.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+REDACTED = "<redacted>"
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """``s3://KEY:SECRET@bucket/k`` -> ``s3://<redacted>@bucket/k``: no credential in a URI is recorded."""
+    if not uri:
+        return uri
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", rf"\1{REDACTED}@", uri)
+
+
+def recorded_config(cfg: RunConfig) -> dict[str, Any]:
+    """The config as written beside the outputs, in the summary and the report: storage options'
+    values (keys, secrets, tokens, endpoints) and URI credentials redacted."""
+    data = cfg.model_dump(mode="json")
+    data["storage_options"] = dict.fromkeys(data.get("storage_options") or {}, REDACTED)
+    for key in ("input", "output", "model", "address"):
+        data[key] = redact_uri(data.get(key))
+    return data
+
+
 def dump_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    data = {k: v for k, v in recorded_config(cfg).items() if v is not None}
+    return yaml.safe_dump(data, sort_keys=False)

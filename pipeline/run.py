@@ -15,7 +15,7 @@ from typing import Any
 
 from operators import storage
 from operators.keys import is_under
-from pipeline.config import ConfigError, RunConfig, dump_yaml
+from pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
 from pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
 from pipeline.model import LoadedModel, load_model
 from pipeline.plan import InputSpec, check_input, is_list_file, storage_error
@@ -141,8 +141,8 @@ def build_summary(cfg: RunConfig, run_id: str, attempt: str, fp: str, model: Loa
         "manifest": manifest_dir(cfg.output, run_id),
         "manifest_parts": stats["parts"],
         "fingerprint": fp,
-        "config": cfg.model_dump(mode="json"),
-        "model": {"uri": cfg.model, "md5": model.md5, "precisions": list(model.precisions)},
+        "config": recorded_config(cfg),
+        "model": {"uri": redact_uri(cfg.model), "md5": model.md5, "precisions": list(model.precisions)},
         "cluster": placement,
         "machine": machine_info(),
         "started_at": datetime.fromtimestamp(t0, UTC).isoformat(),

@@ -95,3 +95,27 @@ def test_bad_usage_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["run", "--pool-size", "many"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(("key", "hint"), [("inptu", "input"), ("pool-szie", "pool_size"), ("zzz", None)])
+def test_an_unknown_option_is_named_with_the_closest_valid_one(tmp_path, key, hint):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"input: gs://a/in\noutput: gs://a/out\n{key}: 1\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_config({}, str(job), environ={})
+    message = str(err.value)
+    assert f"unknown option '{key.replace('-', '_')}'" in message and "\n" not in message
+    assert (f"(did you mean '{hint}'?)" in message) if hint else "did you mean" not in message
+
+
+def test_recorded_config_redacts_storage_options_and_uri_credentials():
+    from pipeline.config import dump_yaml, recorded_config
+
+    cfg = resolve_config({"input": "s3://AKIAKEY:s3cr3t@bkt/in", "output": "gs://b/out",
+                          "storage_options": {"key": "AKIAKEY", "secret": "s3cr3t", "token": "tok"}}, environ={})
+    data = recorded_config(cfg)
+    text = dump_yaml(cfg) + str(data)
+    assert "s3cr3t" not in text and "AKIAKEY" not in text and "tok'" not in text
+    assert data["input"] == "s3://<redacted>@bkt/in" and data["output"] == "gs://b/out"
+    assert data["storage_options"] == {"key": "<redacted>", "secret": "<redacted>", "token": "<redacted>"}
+    assert cfg.storage_options["secret"] == "s3cr3t"  # the run itself still has them

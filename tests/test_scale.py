@@ -182,3 +182,17 @@ def test_rows_from_before_fingerprints_count_as_unknown_not_done():
                     "fingerprint": ["fp", None, "other"], "finished_at": [1.0, 2.0, 3.0]})
     ev = evidence_rows(new, "fp").to_pylist()
     assert [(r["source"], r["t_any"], r["t_same"]) for r in ev] == [("/in/a.jpg", 1.0, 1.0), ("/in/c.jpg", 3.0, None)]
+
+
+def test_no_storage_option_value_is_written_to_the_output_or_the_console(tmp_path, capsys):
+    src = photos(tmp_path, 1)
+    job = tmp_path / "job.yaml"
+    job.write_text("storage_options:\n  secret: CANARY-7f3a9\n  token: CANARY-7f3a9-token\n")
+    out = tmp_path / "out"
+    assert main(["run", "--config", str(job), "--input", str(src), "--output", str(out), "--no-progress"]) == 0
+    assert main(["report", str(out)]) == 0
+    console = capsys.readouterr()
+    assert "CANARY" not in console.out + console.err
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "_config.yaml" for p in written) and any(p.name == "_report.html" for p in written)
+    assert not [p for p in written if b"CANARY" in p.read_bytes()]
