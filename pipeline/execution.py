@@ -203,8 +203,8 @@ def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: St
     t_planned = time.monotonic()
     out = decided_graph(decided, settings)
     if n_todo:
-        if n_todo < size:  # never more actors than inputs to mask
-            size = pool_size(cfg, cpus, started_locally, n_todo)
+        if n_todo < size:  # never more actors than inputs to mask (the fit was checked above)
+            size = n_todo
             graph = replace(graph, pool_size=size)
         model_ref = ray.put(model.data)  # once; every actor reads it from the object store
         out = image_graph(todo, n_todo, model_ref, settings, graph).union(out)

@@ -44,8 +44,8 @@ class GraphSpec:
 
 
 # Input blocks of the image graph: enough for every decode task slot to hold several, and no more.
-# Each block costs the driver ~60-150 KB while it runs (measured: 2000 blocks of a 1M-input plan
-# grew its RSS by 127 MB), so their number follows the cluster, not the catalog.
+# Each block costs the driver memory (`bench/plan_memory.py`: +127 MB for 2000 blocks of a 1M-input
+# plan), so their number follows the cluster, not the catalog.
 MIN_INPUT_BLOCKS, BLOCKS_PER_TASK_SLOT = 16, 8
 # A prepare task fetches this many inference batches at once (their requests overlap).
 FETCH_BATCHES = 4
@@ -120,8 +120,9 @@ def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> ray.data.Ma
     (``n`` is an upper bound of their number: the plan's rows, decided ones included).
 
     A streaming repartition (by rows per block): the split-and-combine kind (``num_blocks=``)
-    pulled every block through the driver (its RSS grew ~280 MB at 1M inputs). Done before the
-    pool starts, as its tasks ask for a whole CPU, which a pool could leave no room for.
+    costs the driver about twice as much (`bench/plan_memory.py`: +247 vs +127 MB for 2000
+    blocks). Done before the pool starts, as its tasks ask for a whole CPU, which a pool could
+    leave no room for.
     """
     batch = batch_size_for(n, spec.batch_size, spec.pool_size)
     rows = rows_per_input_block(n, fetch_rows_for(n, batch, spec.pool_size), max_input_blocks(spec))

@@ -48,7 +48,8 @@ def empty_stats() -> dict[str, Any]:
             "finished_at": None, "first_ok_at": None, "ok_by_node": {}, "infer_ms_by_actor": {}}
 
 
-def _counts(column: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+def value_counts(column: pa.ChunkedArray | pa.Array) -> dict[str, int]:
+    """Non-null values of a column -> how often each occurs."""
     return {str(v["values"]): int(v["counts"]) for v in pc.value_counts(column).to_pylist() if v["values"] is not None}
 
 
@@ -59,10 +60,10 @@ def block_stats(table: pa.Table, ignored: int = 0) -> dict[str, Any]:
     if not table.num_rows:
         return s
     status = table.column("status")
-    s["status"] = _counts(status)
+    s["status"] = value_counts(status)
     errors = table.filter(pc.equal(status, ERROR))
-    s["errors_by_kind"] = _counts(errors.column("error_kind"))
-    s["skipped_by_kind"] = _counts(table.filter(pc.equal(status, SKIPPED)).column("error_kind"))
+    s["errors_by_kind"] = value_counts(errors.column("error_kind"))
+    s["skipped_by_kind"] = value_counts(table.filter(pc.equal(status, SKIPPED)).column("error_kind"))
     for kind, source in zip(errors.column("error_kind").to_pylist(), errors.column("source").to_pylist(),
                             strict=True):
         examples = s["error_examples"].setdefault(kind, [])
@@ -74,7 +75,7 @@ def block_stats(table: pa.Table, ignored: int = 0) -> dict[str, Any]:
     ok = table.filter(pc.equal(status, OK))
     if ok.num_rows:
         s["first_ok_at"] = pc.min(ok.column("finished_at")).as_py()
-        s["ok_by_node"] = _counts(ok.column("node"))
+        s["ok_by_node"] = value_counts(ok.column("node"))
         by_actor = ok.group_by("actor").aggregate([("infer_ms", "sum")])
         s["infer_ms_by_actor"] = {str(a): float(v) for a, v in zip(by_actor.column("actor").to_pylist(),
                                                                      by_actor.column("infer_ms_sum").to_pylist(),

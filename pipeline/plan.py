@@ -79,10 +79,6 @@ def is_list_file(uri: str) -> bool:
     return uri.lower().endswith(LIST_EXTENSIONS)
 
 
-def storage_error(exc: BaseException) -> str:
-    return one_line(exc)
-
-
 def normalise_uri(uri: str) -> str:
     """Local paths absolute and without a scheme, object-store URIs as given."""
     return storage.strip_protocol(uri) if storage.protocol_of(uri) == "file" else uri
@@ -108,7 +104,7 @@ def check_input(uri: str, output: str, storage_options: dict) -> InputSpec:
     except FileNotFoundError:
         raise ConfigError(f"{what} {uri}: does not exist" if kind == "prefix" else f"{what} {uri}: not found") from None
     except Exception as exc:  # noqa: BLE001 - access errors surface as one config line
-        raise ConfigError(f"{what} {uri}: cannot read ({storage_error(exc)})") from None
+        raise ConfigError(f"{what} {uri}: cannot read ({one_line(exc)})") from None
     if info.get("type") != "directory":
         raise ConfigError(f"input {uri}: the prefix is a single object (no images to mask)")
     return spec
@@ -165,7 +161,7 @@ def read_list(spec: InputSpec):
     elif lower.endswith(".csv"):
         ds = ray.data.read_csv(paths, filesystem=fs)
     else:
-        ds = ray.data.read_parquet(paths, filesystem=fs, columns=[spec.list_column])
+        ds = ray.data.read_parquet(paths, filesystem=fs).select_columns([spec.list_column])
     return ds.map_batches(list_entries, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None)
 
 
@@ -278,11 +274,17 @@ def earlier_evidence(output: str, storage_options: dict, fp: str):
     root = storage.strip_protocol(manifest_root(output))
     try:
         ds = ray.data.read_parquet(root, filesystem=fs, file_extensions=["parquet"], partitioning=None)
+        # Only the columns the join needs (a tenth of a part's bytes); parts from before the
+        # fingerprint column read it as null.
+        ds = ds.select_columns(EVIDENCE_COLUMNS)
     except (ValueError, FileNotFoundError) as exc:
         if isinstance(exc, FileNotFoundError) or "no files found" in str(exc).lower():
             return None
         raise
     return ds.map_batches(evidence_rows, fn_kwargs={"fp": fp}, batch_format="pyarrow", batch_size=None)
+
+
+EVIDENCE_COLUMNS = ["source", "status", "fingerprint", "finished_at"]
 
 
 def evidence_rows(batch: pa.Table, fp: str) -> pa.Table:
@@ -329,8 +331,9 @@ def decide(batch: pa.Table, spec: InputSpec) -> pa.Table:
     t_any = pc.cast(batch.column("t_any"), pa.float64())
     t_same = pc.cast(batch.column("t_same"), pa.float64())
     done = pc.fill_null(pc.and_(pc.is_valid(t_same), pc.greater_equal(t_same, t_any)), False)
-    unsafe = pc.or_(pc.equal(sources, spec.output), pc.starts_with(sources, spec.output + "/"))
-    if spec.kind == "prefix":
+    if spec.kind == "list":
+        unsafe = pc.or_(pc.equal(sources, spec.output), pc.starts_with(sources, spec.output + "/"))
+    else:  # a listed prefix never overlaps the output (refused up front)
         unsafe = pa.array(np.zeros(len(n), bool))
     ignored = pc.equal(batch.column("ignored"), 1)
     decision = pc.if_else(ignored, IGNORED, pc.if_else(unsafe, UNSAFE, pc.if_else(done, DONE, TODO)))

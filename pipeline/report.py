@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.manifest import value_counts
 from pipeline.rows import TIME_COLUMNS
 
 PUBLISHED_PRICE_384 = 5.20  # $/h for a 384-vCPU c4d node (published); scaled per vCPU
@@ -113,9 +114,8 @@ class ManifestAggregate:
 
 
 def _add_counts(into: dict[str, int], column: pa.ChunkedArray) -> None:
-    for v in pc.value_counts(column).to_pylist():
-        key = "unknown" if v["values"] is None else str(v["values"])
-        into[key] = into.get(key, 0) + int(v["counts"])
+    for key, n in value_counts(column).items():
+        into[key] = into.get(key, 0) + n
 
 
 def analyse(agg: ManifestAggregate, summary: dict[str, Any], price_per_hour: float) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from operators.keys import is_under
 from pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
 from pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
 from pipeline.model import LoadedModel, load_model
-from pipeline.plan import InputSpec, check_input, is_list_file, storage_error
-from pipeline.rows import fingerprint
+from pipeline.plan import InputSpec, check_input, is_list_file
+from pipeline.rows import fingerprint, one_line
 from pipeline.stages import StageSettings
 from pipeline.sysinfo import machine_info
 
@@ -52,7 +52,7 @@ def probe_output(cfg: RunConfig, run_id: str) -> None:
     try:
         storage.write_bytes_atomic(uri, dump_yaml(cfg).encode(), cfg.storage_options)
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"output {cfg.output}: cannot write ({storage_error(exc)})") from None
+        raise ConfigError(f"output {cfg.output}: cannot write ({one_line(exc)})") from None
 
 
 def stage_settings(cfg: RunConfig, fp: str) -> StageSettings:
@@ -78,7 +78,7 @@ def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:
     try:
         return bool(fs.exists(storage.strip_protocol(manifest_dir(cfg.output, run_id))))
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"output {cfg.output}: cannot read ({storage_error(exc)})") from None
+        raise ConfigError(f"output {cfg.output}: cannot read ({one_line(exc)})") from None
 
 
 def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec]:
