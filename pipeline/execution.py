@@ -78,7 +78,8 @@ def cpus_needed(size: int, cfg: RunConfig) -> float:
     return size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
 
 
-def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None) -> int:
+def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None,
+              request_growth: bool = True) -> int:
     """Default: one single-threaded session per CPU. Checks that all stages' reservations fit.
 
     Never more actors than inputs: each would load a model copy only to sit idle, on the CPUs the
@@ -95,7 +96,7 @@ def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | 
     if inputs is not None and inputs < size:
         log.info("pool of %d actors for %d inputs: starting %d", size, inputs, max(1, inputs))
         size = max(1, inputs)
-    if cpus_needed(size, cfg) > cpus + 1e-9:
+    if request_growth and cpus_needed(size, cfg) > cpus + 1e-9:
         request_cluster_growth(size, cfg)
     return size
 
@@ -195,7 +196,9 @@ def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: St
     resolved = plan_run(cfg, spec, settings.fingerprint, cpus)
     n_planned = resolved.count()  # known from the materialized blocks' metadata
     todo, decided = split_decisions(resolved)
-    size = pool_size(cfg, cpus, started_locally, n_planned) if n_planned else 1
+    # Sized before the inputs to mask are counted (their blocks depend on it); the autoscaler is
+    # asked for it only once there is something to mask (a re-run of a done catalog asks nothing).
+    size = pool_size(cfg, cpus, started_locally, n_planned, request_growth=False) if n_planned else 1
     graph = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size,
                       session_options, cluster_cpus=cpus)
     todo = input_blocks(todo, n_planned, graph)
@@ -206,6 +209,8 @@ def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: St
         if n_todo < size:  # never more actors than inputs to mask (the fit was checked above)
             size = n_todo
             graph = replace(graph, pool_size=size)
+        if cpus_needed(size, cfg) > cpus + 1e-9:
+            request_cluster_growth(size, cfg)
         model_ref = ray.put(model.data)  # once; every actor reads it from the object store
         out = image_graph(todo, n_todo, model_ref, settings, graph).union(out)
     else:
