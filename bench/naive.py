@@ -27,7 +27,7 @@ def naive_graph(todo, n, model_ref, settings, spec):
     ds = ray.data.from_items(todo.take_all())  # the plan on the driver, as a first version would
     ds = ds.map_batches(prepare_batch, fn_kwargs={"settings": settings}, batch_format="numpy")
     ds = ds.map_batches(InferenceActor, fn_constructor_kwargs={
-        "model": model_ref, "session_options": {"intra_op_threads": 0, "inter_op_threads": 0}},
+        "model": model_ref, "engine": {"threads": 0, "inter_op_threads": 0}},
         batch_format="numpy")
     return ds.map_batches(finish_batch, fn_kwargs={"settings": settings}, batch_format="numpy")
 

@@ -39,8 +39,10 @@ def md5_hex(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()  # noqa: S324 - identity check against rembg's published md5
 
 
-def make_session(model: bytes, opts: SessionOptions = SessionOptions()) -> ort.InferenceSession:
-    """A CPU session with explicit threads: one single-threaded copy per core scales best."""
+def make_session(model: bytes, opts: SessionOptions = SessionOptions(),
+                 providers: list | None = None) -> ort.InferenceSession:
+    """A session with explicit threads (CPU unless ``providers`` say otherwise): one
+    single-threaded copy per core scales best."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = opts.intra_op_threads
     so.inter_op_num_threads = opts.inter_op_threads
@@ -50,7 +52,7 @@ def make_session(model: bytes, opts: SessionOptions = SessionOptions()) -> ort.I
     # Spinning threads burn a core while idle; with one thread per actor it only matters >1.
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if opts.allow_spinning else "0")
-    return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, sess_options=so, providers=providers or ["CPUExecutionProvider"])
 
 
 def input_precisions(session: ort.InferenceSession) -> set[str]:

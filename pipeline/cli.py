@@ -33,7 +33,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--intra-op-threads", type=int)
     p.add_argument("--inter-op-threads", type=int)
     p.add_argument("--graph-optimization", choices=["disable", "basic", "extended", "all"])
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--batch-size", type=int, help="images per inference call (default 4 on CPU, 64 on CUDA)")
+    p.add_argument("--engine", choices=["auto", "ort", "openvino", "torch"],
+                   help="auto (default): the fastest installed engine whose masks agree with ort's")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 needs avx512_bf16/amx_bf16 hardware")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="cuda: the inference pool runs on GPUs")
+    p.add_argument("--gpus-per-actor", type=float, help="GPU share of each inference actor (default 0.5)")
     p.add_argument("--decode-cpus", type=float)
     p.add_argument("--write-cpus", type=float)
     p.add_argument("--max-pixels", type=int)

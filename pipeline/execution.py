@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import ray
@@ -16,6 +16,7 @@ from ray.data import DataContext
 
 from pipeline import plan
 from pipeline.config import ConfigError, RunConfig
+from pipeline.engine_choice import EngineChoice
 from pipeline.graph import (
     LIGHT_CPUS,
     GraphSpec,
@@ -78,6 +79,42 @@ def cpus_needed(size: int, cfg: RunConfig) -> float:
     return size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
 
 
+def cluster_gpus() -> float:
+    return float(ray.cluster_resources().get("GPU", 0))
+
+
+# How long a --device cuda run on a cluster waits for the autoscaler's first GPU node.
+GPU_WAIT_S = 900
+
+
+def wait_for_gpus(started_locally: bool) -> float:
+    """The cluster's GPUs; a cluster without any is asked for one GPU node, and given GPU_WAIT_S."""
+    gpus = cluster_gpus()
+    if gpus > 0 or started_locally:
+        return gpus
+    from ray.autoscaler.sdk import request_resources
+
+    log.warning("device cuda: the cluster has no GPU now: asking the autoscaler for one (waiting up to %d s)",
+                GPU_WAIT_S)
+    request_resources(bundles=[{"GPU": 1}])
+    deadline = time.monotonic() + GPU_WAIT_S
+    while gpus <= 0 and time.monotonic() < deadline:
+        time.sleep(5)
+        gpus = cluster_gpus()
+    return gpus
+
+
+def default_pool(cfg: RunConfig, cpus: float, started_locally: bool) -> int:
+    """One single-threaded session per CPU; on CUDA, ``1 / gpus_per_actor`` actors per GPU."""
+    if cfg.device != "cuda":
+        return max(1, int(cpus))
+    gpus = wait_for_gpus(started_locally)
+    if gpus <= 0:
+        raise ConfigError("device cuda: the Ray cluster has no GPU (and none came from the autoscaler); "
+                          "use --device cpu")
+    return max(1, int(gpus / cfg.gpus_per_actor + 1e-9))
+
+
 def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None,
               request_growth: bool = True) -> int:
     """Default: one single-threaded session per CPU. Checks that all stages' reservations fit.
@@ -86,7 +123,7 @@ def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | 
     others start on. The fit check still applies to the pool as configured, so a config that
     cannot run fails the same way whatever the input.
     """
-    size = cfg.pool_size or max(1, int(cpus))
+    size = cfg.pool_size or default_pool(cfg, cpus, started_locally)
     if started_locally and cpus_needed(size, cfg) > cpus + 1e-9:
         raise ConfigError(
             f"pool_size: {size} actors x {cfg.cpus_per_actor} CPU + decode {cfg.decode_cpus} + write "
@@ -176,19 +213,19 @@ def restore_handlers(previous: dict[int, Any]) -> None:
 
 
 def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
-              session_options: dict[str, Any], sink: ManifestSink) -> dict[str, Any]:
+              engine: EngineChoice, sink: ManifestSink) -> dict[str, Any]:
     """Plan, mask and record; returns placement and timing facts for the summary."""
     t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
     previous = install_stop_handlers() if threading.current_thread() is threading.main_thread() else {}
     try:
-        return _run_graph(cfg, spec, model, settings, session_options, sink, started_locally, t0)
+        return _run_graph(cfg, spec, model, settings, engine, sink, started_locally, t0)
     finally:
         restore_handlers(previous)
 
 
 def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
-               session_options: dict[str, Any], sink: ManifestSink, started_locally: bool,
+               engine: EngineChoice, sink: ManifestSink, started_locally: bool,
                t0: float) -> dict[str, Any]:
     t_connected = time.monotonic()
     cpus = cluster_cpus()
@@ -199,8 +236,10 @@ def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: St
     # Sized before the inputs to mask are counted (their blocks depend on it); the autoscaler is
     # asked for it only once there is something to mask (a re-run of a done catalog asks nothing).
     size = pool_size(cfg, cpus, started_locally, n_planned, request_growth=False) if n_planned else 1
+    on_gpu = cfg.device == "cuda"
     graph = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size,
-                      session_options, cluster_cpus=cpus)
+                      asdict(engine.spec), engine.label, gpus_per_actor=cfg.gpus_per_actor if on_gpu else 0.0,
+                      reference=engine.reference if on_gpu else None, cluster_cpus=cpus)
     todo = input_blocks(todo, n_planned, graph)
     n_todo = todo.count()
     t_planned = time.monotonic()

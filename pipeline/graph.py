@@ -39,7 +39,10 @@ class GraphSpec:
     decode_cpus: float
     write_cpus: float
     batch_size: int
-    session_options: dict[str, Any]
+    engine: dict[str, Any]  # operators.engines.EngineSpec's fields
+    engine_label: str = ""
+    gpus_per_actor: float = 0.0  # > 0: the pool runs on GPUs
+    reference: Any = None  # reference masks an actor on a GPU checks its engine against
     cluster_cpus: float = 0.0
 
 
@@ -90,10 +93,15 @@ def cpu_task_slots(spec: GraphSpec) -> int:
     Never more than fit beside the pool with one slot of each stage: decode runs ahead of
     inference, so if its tasks may take every spare CPU, no write task can start until all
     inputs are decoded (seen here: on 2 CPUs the first mask waited ~3 s, writes came in bursts).
+
+    A GPU pool is the exception: each GPU actor infers hundreds of images a second, so every CPU
+    that fits decodes and writes for it.
     """
     pool_cpus = spec.pool_size * spec.cpus_per_actor
     planned = max(spec.cluster_cpus, pool_cpus + spec.decode_cpus + spec.write_cpus)  # growth is requested
     fit = int((planned - pool_cpus + 1e-9) // (spec.decode_cpus + spec.write_cpus))
+    if spec.gpus_per_actor:  # one decode and one write task per free CPU: at most 2x oversubscribed
+        return max(1, min(int(planned - pool_cpus), fit))
     return max(1, min(max(2, math.ceil(spec.pool_size / 8)), fit))
 
 
@@ -142,16 +150,26 @@ def image_graph(todo: ray.data.MaterializedDataset, n: int, model_ref: ray.Objec
         prepare_batch, fn_kwargs={"settings": stage}, batch_size=fetch_rows,
         batch_format="numpy", num_cpus=spec.decode_cpus, compute=tasks,
     )
-    ds = ds.map_batches(  # fp32 U2Net-P, one single-threaded session per actor
+    ds = ds.map_batches(  # fp32 U2Net-P, one single-threaded engine per actor (or one GPU share)
         InferenceActor,
-        fn_constructor_kwargs={"model": model_ref, "session_options": spec.session_options},
+        fn_constructor_kwargs={"model": model_ref, "engine": spec.engine, "label": spec.engine_label,
+                               "reference": spec.reference},
         compute=ActorPoolStrategy(size=spec.pool_size), batch_size=batch,
-        batch_format="numpy", num_cpus=spec.cpus_per_actor,
+        batch_format="numpy", **actor_resources(spec),
     )
     return ds.map_batches(  # full-size mask, optional cutout, PNG encode, concurrent atomic writes -> rows
         finish_batch, fn_kwargs={"settings": stage}, batch_size=batch,
         batch_format="numpy", num_cpus=spec.write_cpus, compute=tasks,
     )
+
+
+def actor_resources(spec: GraphSpec) -> dict[str, float]:
+    """What each inference actor reserves: a CPU share, plus a GPU share on a GPU pool (only GPU
+    nodes have ``GPU``, so a cluster's CPU nodes keep decoding and writing)."""
+    resources = {"num_cpus": spec.cpus_per_actor}
+    if spec.gpus_per_actor:
+        resources["num_gpus"] = spec.gpus_per_actor
+    return resources
 
 
 def decided_graph(decided: ray.data.Dataset, settings: StageSettings) -> ray.data.Dataset:

@@ -53,6 +53,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("input_bytes", pa.int64()),
         ("node", pa.string()),
         ("actor", pa.string()),
+        ("engine", pa.string()),
         *[(c, pa.float32()) for c in TIME_COLUMNS],
         ("started_at", pa.float64()),
         ("finished_at", pa.float64()),
@@ -64,11 +65,13 @@ MANIFEST_SCHEMA = pa.schema(
 MASK_MATH_VERSION = 1
 
 
-def fingerprint(model_md5: str, fmt: str, post_process_mask: bool, bgcolor: Any, png_level: int) -> str:
-    """Everything that changes an output's bytes, hashed: equal fingerprints, equal outputs."""
+def fingerprint(model_md5: str, fmt: str, post_process_mask: bool, bgcolor: Any, png_level: int,
+                engine: str = "ort/fp32/cpu") -> str:
+    """Everything that changes an output's bytes, hashed: equal fingerprints, equal outputs.
+    ``engine`` (``name/precision/device``): fp32 engines agree to rounding, not bit for bit."""
     parts = {"model_md5": model_md5, "format": fmt, "post_process_mask": bool(post_process_mask),
              "bgcolor": list(bgcolor) if bgcolor is not None else None, "png_level": int(png_level),
-             "mask_math": MASK_MATH_VERSION}
+             "mask_math": MASK_MATH_VERSION, "engine": engine}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -112,6 +115,7 @@ def manifest_row(row: dict[str, Any], fp: str) -> dict[str, Any]:
         "input_bytes": int(row["input_bytes"]) or None,
         "node": str(row.get("node", "")) or None,
         "actor": str(row.get("actor", "")) or None,
+        "engine": str(row.get("engine", "")) or None,
         "started_at": float(row["started_at"]),
         "finished_at": time.time(),
     }
@@ -127,7 +131,7 @@ def decided_rows(sources: list[str], statuses: list[str], kinds: list[str | None
     columns: dict[str, Any] = {
         "source": sources, "output": outputs, "cutout": cutouts, "status": statuses, "error_kind": kinds,
         "error": errors, "fingerprint": fingerprints, "width": [None] * n, "height": [None] * n,
-        "input_bytes": sizes, "node": [None] * n, "actor": [None] * n,
+        "input_bytes": sizes, "node": [None] * n, "actor": [None] * n, "engine": [None] * n,
         **{c: np.zeros(n, dtype=np.float32) for c in TIME_COLUMNS},
         "started_at": np.full(n, now), "finished_at": np.full(n, now),
     }

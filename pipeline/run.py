@@ -7,6 +7,7 @@ or any image is read, so a mistake costs one line and exit status 2, not a half-
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 from operators import storage
 from operators.keys import is_under
 from pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
+from pipeline.engine_choice import EngineChoice, cached_choice, check_local_cuda, check_precision
 from pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
 from pipeline.model import LoadedModel, load_model
 from pipeline.plan import InputSpec, check_input, is_list_file
@@ -64,13 +66,8 @@ def stage_settings(cfg: RunConfig, fp: str) -> StageSettings:
     )
 
 
-def session_options(cfg: RunConfig) -> dict[str, Any]:
-    return {"intra_op_threads": cfg.intra_op_threads, "inter_op_threads": cfg.inter_op_threads,
-            "graph_optimization": cfg.graph_optimization}
-
-
-def run_fingerprint(cfg: RunConfig, model: LoadedModel) -> str:
-    return fingerprint(model.md5, cfg.format, cfg.post_process_mask, cfg.bgcolor, cfg.png_level)
+def run_fingerprint(cfg: RunConfig, model: LoadedModel, engine: EngineChoice) -> str:
+    return fingerprint(model.md5, cfg.format, cfg.post_process_mask, cfg.bgcolor, cfg.png_level, engine.spec.label)
 
 
 def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:
@@ -81,15 +78,19 @@ def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:
         raise ConfigError(f"output {cfg.output}: cannot read ({one_line(exc)})") from None
 
 
-def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec]:
+def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec, EngineChoice]:
     """All fail-fast checks; raises ConfigError with one line. Reads no input beyond one probe."""
     check_locations(cfg)
+    check_precision(cfg)
+    if cfg.device == "cuda" and not (cfg.address or os.environ.get("RAY_ADDRESS")):
+        check_local_cuda(cfg)
     model = load_model(cfg.model, cfg.model_md5, cfg.storage_options)
+    engine = cached_choice(cfg, model.data, model.md5)
     spec = check_input(cfg.input, cfg.output, cfg.storage_options)
     run_id = cfg.run_id or new_run_id()
     reused = run_dir_exists(cfg, run_id)
     probe_output(cfg, run_id)
-    return run_id, reused, model, spec
+    return run_id, reused, model, spec, engine
 
 
 def execute(cfg: RunConfig) -> RunResult:
@@ -97,11 +98,11 @@ def execute(cfg: RunConfig) -> RunResult:
     from pipeline.sink import ManifestSink
 
     t0 = time.time()
-    run_id, reused, model, spec = prepare(cfg)
+    run_id, reused, model, spec, engine = prepare(cfg)
     attempt = uuid.uuid4().hex[:8]
-    fp = run_fingerprint(cfg, model)
+    fp = run_fingerprint(cfg, model, engine)
     sink = ManifestSink(cfg.output, run_id, attempt, cfg.storage_options)
-    placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), session_options(cfg), sink)
+    placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), engine, sink)
     storage.forget_listings(cfg.output, cfg.storage_options)  # the workers wrote under it
     if reused:
         removed = remove_other_attempts(cfg.output, run_id, attempt, cfg.storage_options)
@@ -109,6 +110,7 @@ def execute(cfg: RunConfig) -> RunResult:
     stats = sink.stats
     if stats["ignored"]:
         log.warning("ignored %d objects under %s without an image extension", stats["ignored"], cfg.input)
+    placement["engine"] = {"used": engine.label, "checks": engine.checks}
     summary = build_summary(cfg, run_id, attempt, fp, model, stats, time.time() - t0, t0, placement)
     write_summary(cfg.output, summary, cfg.storage_options)
     return RunResult(summary, 3 if summary["failed"] else 0, manifest_dir(cfg.output, run_id))

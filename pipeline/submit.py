@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from operators.engines import installed
 from pipeline.config import DEFAULT_MODEL, PROJECT_ROOT, ConfigError
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -25,8 +26,11 @@ STAGED = ("pipeline", "operators", "pyproject.toml")
 
 
 def pinned_requirements() -> list[str]:
+    """The core pins, plus the openvino extra when it is installed here (so that ``--engine auto``
+    can choose the same engine on the cluster as it did in the check on this machine)."""
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
-    return list(project["dependencies"])
+    extras = project.get("optional-dependencies", {})
+    return list(project["dependencies"]) + (list(extras.get("openvino", [])) if installed("openvino") else [])
 
 
 def stage_working_dir(config_file: str | None, model: str | None) -> tuple[Path, dict[str, str]]:

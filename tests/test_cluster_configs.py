@@ -29,6 +29,10 @@ def test_gcp_yaml_passes_the_launchers_own_validation():
         if node["node_config"]["machineType"].startswith(("c4d", "c4a")):  # Hyperdisk only
             assert disk["diskType"] == f"zones/{cfg['provider']['availability_zone']}/diskTypes/hyperdisk-balanced"
     assert types["arm_72"]["labels"] == {"arch": "aarch64"}
+    gpu = types["gpu_l4"]  # the GPU worker type: only GPU-asking actors make the autoscaler start it
+    assert gpu["resources"]["GPU"] == gpu["node_config"]["guestAccelerators"][0]["acceleratorCount"] == 1
+    assert gpu["node_config"]["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert all("GPU" not in n["resources"] for t, n in types.items() if t != "gpu_l4")
     assert "arm64" in types["arm_72"]["node_config"]["disks"][0]["initializeParams"]["sourceImage"]
     assert any(n["node_config"].get("scheduling", {}).get("provisioningModel") == "SPOT" for n in types.values())
     assert any("make setup" in c for c in cfg["setup_commands"]) and cfg["idle_timeout_minutes"] > 0
@@ -67,6 +71,11 @@ def check_cluster_spec(spec: dict) -> None:
         container = group["template"]["spec"]["containers"][0]
         assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"]
         assert {"name": "RAY_num_workers_soft_limit", "value": "1024"} in container["env"]
+        gpus = container["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpus == container["resources"]["requests"].get("nvidia.com/gpu")
+        if gpus:  # a GPU group lands on GPU nodes and tolerates their taint
+            assert group["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-accelerator"]
+            assert any(t["key"] == "nvidia.com/gpu" for t in group["template"]["spec"]["tolerations"])
 
 
 def test_kuberay_raycluster_and_rayjob():
@@ -75,6 +84,8 @@ def test_kuberay_raycluster_and_rayjob():
     for doc in docs.values():
         assert doc["apiVersion"] == "ray.io/v1" and doc["metadata"]["name"]
     check_cluster_spec(docs["RayCluster"]["spec"])
+    assert any("nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]
+               for g in docs["RayCluster"]["spec"]["workerGroupSpecs"])
     job = docs["RayJob"]["spec"]
     check_cluster_spec(job["rayClusterSpec"])
     assert job["entrypoint"].startswith("maskray run") and job["shutdownAfterJobFinishes"] is True

@@ -1,0 +1,166 @@
+"""Inference engines behind one small interface: a batch of normalised 320x320 tensors -> raw maps.
+
+Input: the model's bytes and an ``EngineSpec`` (engine name, precision, device, threads). Output of
+``Engine.infer``: float32 ``N x 320 x 320`` saliency maps (output 0, channel 0, as rembg reads it),
+which ``operators.session.to_small_mask`` turns into masks.
+
+- ``ort``: ONNX Runtime, the reference. On CPU one image per call: batching measured no faster
+  (``bench/engines.py``); on CUDA the graph gets a dynamic batch and TF32 is off (it breaks masks).
+- ``openvino``: OpenVINO's CPU runtime on the same .onnx, with a dynamic batch dimension. Its CPU
+  default precision is bf16 where the CPU has bf16 hardware, so f32 is always set explicitly.
+- ``torch``: the ONNX graph run op by op with PyTorch on a CUDA device (``operators.torch_graph``),
+  strict fp32 (TF32 off), for GPU nodes that have PyTorch but not onnxruntime-gpu.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import util
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from operators.preprocess import MODEL_SIZE
+
+ENGINES = ("ort", "openvino", "torch")
+PRECISIONS = ("fp32", "bf16")
+DEVICES = ("cpu", "cuda")
+
+
+class EngineError(RuntimeError):
+    """An engine that cannot run here (not installed, no device, unsupported precision): one line."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str = "ort"
+    precision: str = "fp32"
+    device: str = "cpu"
+    threads: int = 1  # intra-op threads: one single-threaded copy per core scales best
+    inter_op_threads: int = 1
+    graph_optimization: str = "all"  # ONNX Runtime only
+    cache_dir: str | None = None  # OpenVINO's compiled-model cache
+
+    @property
+    def label(self) -> str:
+        """What the manifest records, e.g. ``openvino/fp32/cpu``."""
+        return f"{self.name}/{self.precision}/{self.device}"
+
+
+class Engine(Protocol):
+    spec: EngineSpec
+    version: str
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        """float32 N x 3 x 320 x 320 -> float32 N x 320 x 320."""
+        ...
+
+
+def installed(name: str) -> bool:
+    module = {"ort": "onnxruntime", "openvino": "openvino", "torch": "torch"}[name]
+    return util.find_spec(module) is not None
+
+
+def user_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maskray"
+
+
+def default_cache_dir() -> str:
+    return str(user_cache_dir() / "openvino")
+
+
+class OrtEngine:
+    def __init__(self, model: bytes, spec: EngineSpec) -> None:
+        import onnxruntime as ort
+
+        from operators import session
+
+        opts = session.SessionOptions(intra_op_threads=spec.threads, inter_op_threads=spec.inter_op_threads,
+                                      graph_optimization=spec.graph_optimization)
+        if spec.precision != "fp32":
+            raise EngineError(f"engine ort runs fp32 only (asked for {spec.precision})")
+        if spec.device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise EngineError("engine ort: this onnxruntime has no CUDAExecutionProvider "
+                                  "(install maskray[cuda], which brings onnxruntime-gpu)")
+            # TF32 (cuDNN's default on Ampere and later) gave min IoU 0.51 on this model: strict fp32.
+            providers = [("CUDAExecutionProvider", {"use_tf32": 0, "cudnn_conv_algo_search": "EXHAUSTIVE"})]
+            self.session = session.make_session(with_dynamic_batch(model), opts, providers=providers)
+            self.batched = True
+        else:
+            self.session = session.make_session(model, opts)
+            self.batched = False
+        self.spec, self.version = spec, ort.__version__
+        self.input_name = self.session.get_inputs()[0].name
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        if self.batched:
+            return self.session.run(None, {self.input_name: batch})[0][:, 0]
+        return np.stack([self.session.run(None, {self.input_name: x[np.newaxis]})[0][0, 0] for x in batch])
+
+
+class OpenVinoEngine:
+    def __init__(self, model: bytes, spec: EngineSpec) -> None:
+        import openvino as ov
+
+        if spec.device != "cpu":
+            raise EngineError(f"engine openvino runs on the CPU here (asked for {spec.device})")
+        core = ov.Core()
+        net = core.read_model(model)
+        net.reshape({net.inputs[0]: ov.PartialShape([-1, 3, MODEL_SIZE[1], MODEL_SIZE[0]])})
+        config = {
+            "INFERENCE_NUM_THREADS": spec.threads,
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": "bf16" if spec.precision == "bf16" else "f32",
+            # Several single-threaded actors share a node: pinning would put them all on one core.
+            "ENABLE_CPU_PINNING": False,
+        }
+        if spec.cache_dir:
+            Path(spec.cache_dir).mkdir(parents=True, exist_ok=True)
+            config["CACHE_DIR"] = spec.cache_dir
+        self.compiled = core.compile_model(net, "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        self.output = self.compiled.outputs[0]
+        self.spec, self.version = spec, ov.__version__.split("-")[0]
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        return self.request.infer({0: np.ascontiguousarray(batch)})[self.output][:, 0].copy()
+
+
+def with_dynamic_batch(model: bytes) -> bytes:
+    """The graph with a symbolic batch dimension (the network is fully convolutional).
+
+    Needs the ``onnx`` package (in the ``cuda`` extra); the stored intermediate shapes, all batch 1,
+    are dropped so the runtime infers them again.
+    """
+    try:
+        import onnx
+    except ImportError:
+        raise EngineError("batched inference needs the onnx package (install maskray[cuda])") from None
+    proto = onnx.load_from_string(model)
+    for value in (*proto.graph.input, *proto.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].ClearField("dim_value")
+            dims[0].dim_param = "batch"
+    del proto.graph.value_info[:]
+    return proto.SerializeToString()
+
+
+def open_engine(model: bytes, spec: EngineSpec) -> Engine:
+    """Build the engine ``spec`` names; raises ``EngineError`` with one line if it cannot run here."""
+    if spec.name not in ENGINES:
+        raise EngineError(f"unknown engine {spec.name!r} (choose from {', '.join(ENGINES)})")
+    if not installed(spec.name):
+        extra = {"ort": "onnxruntime", "openvino": "maskray[openvino]", "torch": "torch"}[spec.name]
+        raise EngineError(f"engine {spec.name} is not installed (install {extra})")
+    if spec.name == "openvino":
+        return OpenVinoEngine(model, spec)
+    if spec.name == "torch":
+        from operators.torch_graph import TorchEngine
+
+        return TorchEngine(model, spec)
+    return OrtEngine(model, spec)
