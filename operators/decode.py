@@ -53,6 +53,31 @@ def open_header(data: bytes, max_pixels: int) -> Image.Image:
     return img
 
 
+# EXIF orientations that swap width and height (transpose, rotations by 90 and 270 degrees).
+_SWAPS_AXES = frozenset({5, 6, 7, 8})
+
+
+def decode_for_model(data: bytes, max_pixels: int, reduce_to: tuple[int, int] | None = None
+                     ) -> tuple[Image.Image, tuple[int, int]]:
+    """(RGB image, its full upright size). With ``reduce_to``, a JPEG is decoded at the smallest
+    DCT scale (1/2, 1/4, 1/8) that keeps both sides at least that large: 8 vs 81 ms for 12 MP."""
+    if reduce_to is None:
+        rgb = decode_rgb(data, max_pixels)
+        return rgb, rgb.size
+    img = open_header(data, max_pixels)
+    width, height = img.size
+    try:
+        if img.format == "JPEG":
+            img.draft("RGB", reduce_to)
+        img.load()
+        if img.getexif().get(0x0112) in _SWAPS_AXES:
+            width, height = height, width
+        img = ImageOps.exif_transpose(img)
+    except Exception as exc:  # noqa: BLE001
+        raise ImageError("decode", _decode_reason(exc)) from None
+    return to_rgb(img), (width, height)
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
     """Convert any mode to RGB the way rembg does (``convert("RGB")``), except 16-bit grey.
 

@@ -66,12 +66,13 @@ MASK_MATH_VERSION = 1
 
 
 def fingerprint(model_md5: str, fmt: str, post_process_mask: bool, bgcolor: Any, png_level: int,
-                engine: str = "ort/fp32/cpu") -> str:
+                engine: str = "ort/fp32/cpu", mask_resize: str = "lanczos", fast_decode: bool = False) -> str:
     """Everything that changes an output's bytes, hashed: equal fingerprints, equal outputs.
     ``engine`` (``name/precision/device``): fp32 engines agree to rounding, not bit for bit."""
     parts = {"model_md5": model_md5, "format": fmt, "post_process_mask": bool(post_process_mask),
              "bgcolor": list(bgcolor) if bgcolor is not None else None, "png_level": int(png_level),
-             "mask_math": MASK_MATH_VERSION, "engine": engine}
+             "mask_math": MASK_MATH_VERSION, "engine": engine, "mask_resize": mask_resize,
+             "fast_decode": bool(fast_decode)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -62,12 +62,14 @@ def stage_settings(cfg: RunConfig, fp: str) -> StageSettings:
         output=cfg.output.rstrip("/"), fingerprint=fp, storage_options=cfg.storage_options,
         writes_mask=cfg.writes_mask, writes_cutout=cfg.writes_cutout, max_pixels=cfg.max_pixels,
         max_bytes=cfg.max_bytes, post_process_mask=cfg.post_process_mask, bgcolor=cfg.bgcolor,
-        png_level=cfg.png_level, batch_size=cfg.batch_size, io_threads=cfg.io_threads,
+        png_level=cfg.png_level, mask_resize=cfg.mask_resize, fast_decode=cfg.fast_decode,
+        batch_size=cfg.batch_size, io_threads=cfg.io_threads,
     )
 
 
 def run_fingerprint(cfg: RunConfig, model: LoadedModel, engine: EngineChoice) -> str:
-    return fingerprint(model.md5, cfg.format, cfg.post_process_mask, cfg.bgcolor, cfg.png_level, engine.spec.label)
+    return fingerprint(model.md5, cfg.format, cfg.post_process_mask, cfg.bgcolor, cfg.png_level, engine.spec.label,
+                       cfg.mask_resize, cfg.fast_decode)
 
 
 def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:

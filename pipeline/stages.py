@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from operators import storage
-from operators.decode import ImageError, decode_rgb
+from operators.decode import ImageError, decode_for_model, decode_rgb
 from operators.encode import encode_mask_png, encode_rgba_png
 from operators.keys import CUTOUT_DIR, MASK_DIR, UnsafeKeyError, output_uri
 from operators.postprocess import cutout, post_process_mask, resize_mask
@@ -50,6 +50,8 @@ class StageSettings:
     post_process_mask: bool = False
     bgcolor: tuple[int, int, int, int] | None = None
     png_level: int = 1
+    mask_resize: str = "cubic"  # operators.postprocess.MASK_RESIZES
+    fast_decode: bool = False  # JPEGs decoded at a reduced DCT scale for the model (not for cutouts)
     batch_size: int = 4  # rows per prepared batch (what one inference call takes)
     io_threads: int = 16  # concurrent storage requests per worker process; 1 = one at a time
 
@@ -126,8 +128,9 @@ def decode_row(row: dict[str, Any], s: StageSettings) -> dict[str, Any]:
         return row
     timer = Timer()
     try:
-        rgb = timer.run("decode", lambda: decode_rgb(row["data"], s.max_pixels))
-        row["width"], row["height"] = rgb.size
+        reduce_to = MODEL_SIZE if s.fast_decode and not s.writes_cutout else None
+        rgb, (row["width"], row["height"]) = timer.run(
+            "decode", lambda: decode_for_model(row["data"], s.max_pixels, reduce_to))
         row["pre"] = timer.run("preprocess", lambda: resize_for_model(rgb).tobytes())
         if not s.writes_cutout:
             row["data"] = b""
@@ -158,7 +161,7 @@ def encode_outputs(row: dict[str, Any], s: StageSettings, timer: Timer) -> list[
     """Mask at full size and optional cutout, encoded: [(uri, png bytes)]."""
     small = np.frombuffer(row["small"], dtype=np.uint8).reshape(MODEL_SIZE[1], MODEL_SIZE[0])
     size = (int(row["width"]), int(row["height"]))
-    mask = timer.run("postprocess", lambda: resize_mask(small, size))
+    mask = timer.run("postprocess", lambda: resize_mask(small, size, s.mask_resize))
     if s.post_process_mask:
         mask = timer.run("postprocess", lambda: post_process_mask(mask))
     out = []

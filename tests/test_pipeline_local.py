@@ -215,11 +215,11 @@ def test_input_blocks_are_whole_batches_and_capped():
         rows = rows_per_input_block(n, 4, 16)
         assert rows % 4 == 0 and math.ceil(n / rows) <= 16
     # The cap follows the cluster's decode slots, not the catalog.
-    assert max_input_blocks(GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, 2.0)) == 16
-    big = GraphSpec(320, 1.15, 0.25, 0.25, 4, {}, 384.0)
+    assert max_input_blocks(GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, cluster_cpus=2.0)) == 16
+    big = GraphSpec(320, 1.15, 0.25, 0.25, 4, {}, cluster_cpus=384.0)
     assert max_input_blocks(big) == 8 * cpu_task_slots(big) > 16
     todo = ray.data.from_arrow(pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]}))
-    blocks = input_blocks(todo, 10, GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, 2.0))
+    blocks = input_blocks(todo, 10, GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, cluster_cpus=2.0))
     assert blocks.num_blocks() == 3 and blocks.count() == 10
     # Fewer inputs than a batch per actor: smaller batches, spread over the pool.
     assert [batch_size_for(n, 4, 2) for n in (1, 2, 3, 6, 7, 8, 100)] == [1, 1, 2, 3, 4, 4, 4]
