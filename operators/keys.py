@@ -80,3 +80,11 @@ def is_under(child: str, parent: str) -> bool:
         return False
     c, p = strip_protocol(child).rstrip("/"), strip_protocol(parent).rstrip("/")
     return c == p or c.startswith(p + "/")
+
+
+_URI_CREDENTIALS = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact_uri_credentials(text: str) -> str:
+    """``s3://KEY:SECRET@bucket/k`` anywhere in ``text`` -> ``s3://<redacted>@bucket/k``."""
+    return _URI_CREDENTIALS.sub(r"\1<redacted>@", text)

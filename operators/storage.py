@@ -40,6 +40,17 @@ def strip_protocol(uri: str) -> str:
     return path.strip("/") if proto else path
 
 
+WEB_PROTOCOLS = ("http", "https")
+WEB_TIMEOUT_S = 30  # per request: a stalled CDN fails the image ("read: timeout"), not the run
+# What inputs may be read from: object stores, local paths, and web URLs (CDN lists) via fsspec's HTTP.
+SOURCE_PROTOCOLS = ("file", "gs", "s3", *WEB_PROTOCOLS)
+
+
+def object_path(uri: str) -> str:
+    """What the URI's filesystem takes as a path: the whole URL for http(s), else ``strip_protocol``."""
+    return uri if protocol_of(uri) in WEB_PROTOCOLS else strip_protocol(uri)
+
+
 def join_uri(base: str, *parts: str) -> str:
     """Join key parts onto a URI without losing the scheme."""
     return posixpath.join(base.rstrip("/"), *parts) if base else posixpath.join(*parts)
@@ -60,6 +71,10 @@ def _cached_fs(protocol: str, options_json: str) -> fsspec.AbstractFileSystem:
         return _gcs_filesystem(options)
     if protocol == "file":
         return fsspec.filesystem("file", auto_mkdir=True)
+    if protocol in WEB_PROTOCOLS:  # the storage options belong to the bucket store, not to a CDN
+        import aiohttp
+
+        return fsspec.filesystem(protocol, client_kwargs={"timeout": aiohttp.ClientTimeout(total=WEB_TIMEOUT_S)})
     return fsspec.filesystem(protocol, **options)
 
 
@@ -105,6 +120,35 @@ def read_bytes(uri: str, options: dict[str, Any] | None = None) -> bytes:
 def exists(uri: str, options: dict[str, Any] | None = None) -> bool:
     fs = filesystem(uri, options)
     return with_retries(lambda: fs.exists(strip_protocol(uri)))
+
+
+def create_bytes_exclusive(uri: str, data: bytes, options: dict[str, Any] | None = None) -> None:
+    """Create an object only if none exists (raises FileExistsError otherwise), whole or not at all.
+
+    GCS: ``ifGenerationMatch=0``; S3: ``If-None-Match: *`` (both via fsspec's ``mode="create"``);
+    locally a complete temporary file hard-linked into place (``link`` fails if the name exists).
+    """
+    fs = filesystem(uri, options)
+    path = strip_protocol(uri)
+    if protocol_of(uri) != "file":
+        try:
+            fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            raise
+        except Exception:  # a precondition failure comes back as the client library's own error
+            fs.invalidate_cache(path)
+            if fs.exists(path):
+                raise FileExistsError(uri) from None
+            raise
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
 
 
 def write_bytes_atomic(uri: str, data: bytes, options: dict[str, Any] | None = None) -> None:

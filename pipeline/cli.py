@@ -1,20 +1,23 @@
 """``maskray`` command line: run, submit, report, fetch-model.
 
 Exit status: 0 all inputs ok or skipped; 3 the run completed but some inputs failed; 2 bad
-usage or config (one line on stderr, before any image is processed); 130 / 143 stopped by SIGINT /
-SIGTERM (one line; re-run to resume); 1 anything else.
+usage or config (one line on stderr, before any image is processed), or the output is held by a
+live run; 4 the run's record could not be written (disk full, permission, quota, lost bucket: one
+line naming the object and the cause); 130 / 143 stopped by SIGINT / SIGTERM (one line; re-run to
+resume); 1 anything else.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from typing import Any
 
-from pipeline.config import ConfigError, RunConfig, resolve_config
+from pipeline.config import ConfigError, RunConfig, redact_text, redact_uri, resolve_config
 
-EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL, EXIT_RECORD = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (pipeline.execution)
 
 
@@ -28,6 +31,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bgcolor", help="R,G,B,A background for cutouts")
     p.add_argument("--post-process-mask", "-ppm", action="store_const", const=True, help="rembg's -ppm")
     p.add_argument("--overwrite", action="store_const", const=True, help="redo inputs that already have masks")
+    p.add_argument("--allow-local-sources", action="store_const", const=True,
+                   help="let a list read from a bucket name local paths (each worker reads its own disk)")
+    p.add_argument("--force", action="store_const", const=True,
+                   help="run even if another run holds the output's lease (it must not be running)")
     p.add_argument("--pool-size", type=int, help="inference actors (default: the cluster's CPUs)")
     p.add_argument("--cpus-per-actor", type=float)
     p.add_argument("--intra-op-threads", type=int)
@@ -107,6 +114,20 @@ def run_argv_for_job(argv: list[str]) -> list[str]:
     return out
 
 
+SECRET_OPTION = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
+
+
+def refuse_shipped_credentials(cfg: RunConfig) -> None:
+    """A job's entrypoint, config and runtime_env are stored by the cluster and shown in its
+    dashboard: credentials travel as the nodes' service account or environment, never in them."""
+    secret = [k for k in cfg.storage_options if SECRET_OPTION.search(k)]
+    in_uri = [n for n in ("input", "output", "model") if redact_uri(getattr(cfg, n)) != getattr(cfg, n)]
+    if secret or in_uri:
+        what = ", ".join([*(f"storage_options.{k}" for k in secret), *(f"credentials in {n}" for n in in_uri)])
+        raise ConfigError(f"submit: {what} would be stored with the job; give the cluster's nodes a service "
+                          "account or set the credentials in their environment (see cluster/README.md)")
+
+
 def cmd_submit(args: argparse.Namespace, argv: list[str]) -> int:
     import os
 
@@ -115,7 +136,8 @@ def cmd_submit(args: argparse.Namespace, argv: list[str]) -> int:
     address = args.address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise ConfigError("submit: no cluster address: pass --address http://HEAD:8265 or set RAY_ADDRESS")
-    resolve_config(flags_from_args(args) | {"address": None}, args.config)  # fail fast, locally
+    cfg = resolve_config(flags_from_args(args) | {"address": None}, args.config)  # fail fast, locally
+    refuse_shipped_credentials(cfg)
     return submit(address, run_argv_for_job(argv[1:]), args.config, args.model, pip=args.pip, wait=args.wait)
 
 
@@ -138,18 +160,52 @@ def cmd_fetch_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def redact_record(record: logging.LogRecord) -> bool:
+    """Our log lines never carry a credential (they may quote a URI or a client's message)."""
+    record.msg, record.args = redact_text(record.getMessage()), None
+    return True
+
+
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (a notebook or a test may swap it after set-up)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure_logging() -> None:
     """Our warnings as ``maskray: WARNING: ...``; storage clients' own retry chatter stays quiet
     (a failure reaches the user once, as our one-line message)."""
     log = logging.getLogger("maskray")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("maskray: %(levelname)s: %(message)s"))
+        handler.addFilter(redact_record)
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
     for noisy in ("gcsfs", "s3fs", "aiobotocore", "botocore", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
+
+
+def record_error(exc: BaseException) -> str | None:
+    """The RecordError behind ``exc`` (raised here, or in a write task and wrapped by Ray), if any."""
+    from pipeline.manifest import RecordError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RecordError):
+            text = str(exc).strip().splitlines()
+            return next((line.split("RecordError: ", 1)[-1] for line in reversed(text) if "cannot write" in line),
+                        text[-1] if text else "cannot write the run's record")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,8 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_submit(args, argv)
         return {"run": cmd_run, "report": cmd_report, "fetch-model": cmd_fetch_model}[args.command](args)
     except ConfigError as exc:
-        print(f"maskray: {exc}", file=sys.stderr)
+        print(f"maskray: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as exc:  # noqa: BLE001 - a lost record is one line and exit 4, never a traceback
+        record = record_error(exc)
+        if record is None:
+            raise
+        print(f"maskray: {redact_text(record)}; masks written without a row are redone by the next run",
+              file=sys.stderr)
+        return EXIT_RECORD
     except KeyboardInterrupt:
         print("maskray: interrupted; re-run the same command to resume", file=sys.stderr)
         return EXIT_INTERRUPTED

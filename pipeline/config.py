@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from operators.keys import redact_uri_credentials
 from operators.session import U2NETP_MD5
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,8 @@ class RunConfig(BaseModel):
     bgcolor: tuple[int, int, int, int] | None = None
     post_process_mask: bool = False
     overwrite: bool = False
+    allow_local_sources: bool = Field(False, description="a list read from a bucket may name local paths")
+    force: bool = Field(False, description="take over the output's lease even if another run holds it")
 
     pool_size: int | None = Field(None, ge=1, description="inference actors; default: the cluster's CPUs")
     cpus_per_actor: float = Field(0.75, gt=0, le=64)
@@ -153,9 +156,11 @@ def resolve_config(
     merged.update(_env_values(dict(os.environ if environ is None else environ)))
     merged.update({k: v for k, v in flags.items() if v is not None})
     try:
-        return RunConfig.model_validate(merged)
+        cfg = RunConfig.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+    remember_secrets(cfg)
+    return cfg
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -175,6 +180,9 @@ def did_you_mean(name: str) -> str:
 
 
 REDACTED = "<redacted>"
+# Values that must never be printed or recorded: storage options' values and URI credentials of
+# every config resolved in this process (messages from client libraries may quote them).
+_SECRETS: set[str] = set()
 
 
 def redact_uri(uri: str | None) -> str | None:
@@ -182,6 +190,32 @@ def redact_uri(uri: str | None) -> str | None:
     if not uri:
         return uri
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", rf"\1{REDACTED}@", uri)
+
+
+def remember_secrets(cfg: RunConfig) -> None:
+    def strings(value: Any):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                yield from strings(v)
+
+    _SECRETS.update(v for v in strings(cfg.storage_options) if len(v) >= 4)
+    for uri in (cfg.input, cfg.output, cfg.model, cfg.address or ""):
+        found = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/@]+)@", uri)
+        if found:
+            _SECRETS.update(p for p in re.split(r"[:]", found.group(1)) if len(p) >= 4)
+
+
+def redact_text(text: str) -> str:
+    """A message safe to print: URI credentials and every remembered secret value redacted."""
+    text = redact_uri_credentials(text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def recorded_config(cfg: RunConfig) -> dict[str, Any]:

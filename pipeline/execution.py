@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -156,11 +157,18 @@ PLAN_BLOCK_BYTES = 64 * 1024 * 1024
 def configure_data_context(cfg: RunConfig) -> None:
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = cfg.progress
-    # A run is several Ray Data executions (plan, then mask): their per-execution INFO lines are
-    # noise on the console (Ray Data still writes them to its own log files).
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    quiet_ray_data_console()
     ctx.execution_options.preserve_order = False
     ctx.target_max_block_size = PLAN_BLOCK_BYTES
+
+
+def quiet_ray_data_console() -> None:
+    """Ray Data's console lines (per-execution INFO, and an aborted execution's traceback) go only
+    to its own log file (``ray-data.log`` in the session's logs): on the console a run's outcome is
+    our one line, whatever the exit code."""
+    for handler in logging.getLogger("ray.data").handlers:
+        if not isinstance(handler, logging.FileHandler) and type(handler).__name__ != "SessionFileHandler":
+            handler.setLevel(logging.CRITICAL)
 
 
 def configure_for_images(cfg: RunConfig, ds: ray.data.Dataset) -> None:
@@ -188,18 +196,28 @@ def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-def install_stop_handlers() -> dict[int, Any]:
+def install_stop_handlers(on_stop: Callable[[str], None] | None = None) -> dict[int, Any]:
     """SIGINT / SIGTERM stop the run with one line and exit 130 / 143 within seconds.
 
     Installed after Ray starts (Ray replaces the handlers it finds). The main thread only waits on
     Ray Data's executor, and a KeyboardInterrupt there left the executor running (seen here: masks
-    kept coming for minutes), so the handler stops Ray itself. Every mask already written has its
-    row in a finished manifest part or is redone by the next run (a row is written after its mask).
+    kept coming for minutes), so the handler stops Ray itself, after ``on_stop`` (the run records
+    that it was interrupted and releases its lease). Every mask already written has its row in a
+    finished manifest part or is redone by the next run (a row is written after its mask). A second
+    signal exits at once.
     """
     def stop(signum: int, _frame: object) -> None:
         print(f"maskray: {signal.Signals(signum).name} received: stopping; re-run the same command to resume",
               file=sys.stderr, flush=True)
-        done = threading.Thread(target=ray.shutdown, daemon=True)
+        for sig in EXIT_SIGNAL:  # a second signal exits at once
+            signal.signal(sig, lambda s, _f: os._exit(EXIT_SIGNAL.get(s, 1)))
+
+        def shutdown() -> None:
+            if on_stop is not None:
+                on_stop(signal.Signals(signum).name)
+            ray.shutdown()
+
+        done = threading.Thread(target=shutdown, daemon=True)
         done.start()
         done.join(timeout=10)
         os._exit(EXIT_SIGNAL.get(signum, 1))
@@ -213,11 +231,12 @@ def restore_handlers(previous: dict[int, Any]) -> None:
 
 
 def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
-              engine: EngineChoice, sink: ManifestSink) -> dict[str, Any]:
+              engine: EngineChoice, sink: ManifestSink, on_stop: Callable[[str], None] | None = None
+              ) -> dict[str, Any]:
     """Plan, mask and record; returns placement and timing facts for the summary."""
     t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
-    previous = install_stop_handlers() if threading.current_thread() is threading.main_thread() else {}
+    previous = install_stop_handlers(on_stop) if threading.current_thread() is threading.main_thread() else {}
     try:
         return _run_graph(cfg, spec, model, settings, engine, sink, started_locally, t0)
     finally:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from operators import storage
 from operators.keys import MANIFEST_DIR, SUMMARY_NAME
-from pipeline.rows import ERROR, MANIFEST_SCHEMA, OK, SKIPPED, TIME_COLUMNS
+from pipeline.rows import ERROR, MANIFEST_SCHEMA, OK, SKIPPED, TIME_COLUMNS, one_line
 
 EXAMPLES_PER_KIND = 3
 # Rows per manifest part: a crash loses at most this much of the record (the masks are written;
@@ -139,10 +139,21 @@ def remove_other_attempts(output: str, run_id: str, attempt: str, storage_option
     return len(stale)
 
 
+class RecordError(RuntimeError):
+    """The run's record (a manifest part or the summary) could not be written: the run stops,
+    exit 4. Its message is one line naming the object and the cause."""
+
+
+def write_record(uri: str, data: bytes, storage_options: dict) -> None:
+    try:
+        storage.write_bytes_atomic(uri, data, storage_options)
+    except Exception as exc:  # noqa: BLE001 - disk full, permission, quota, lost bucket
+        raise RecordError(f"cannot write the run's record {uri} ({one_line(exc)})") from None
+
+
 def write_summary(output: str, summary: dict[str, Any], storage_options: dict) -> str:
     uri = storage.join_uri(output, SUMMARY_NAME)
-    data = json.dumps(summary, indent=2, default=_json_default).encode()
-    storage.write_bytes_atomic(uri, data, storage_options)
+    write_record(uri, json.dumps(summary, indent=2, default=_json_default).encode(), storage_options)
     return uri
 
 

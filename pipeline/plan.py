@@ -58,6 +58,7 @@ RAW_SCHEMA = pa.schema([("source", pa.string()), ("size", pa.int64()), ("ignored
 RESOLVED_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("size", pa.int64()),
                              ("decision", pa.string())])
 TODO, DONE, DUPLICATE, UNSAFE, IGNORED = "todo", "done", "duplicate", "unsafe", "ignored"
+LOCAL, SCHEME = "local", "scheme"  # a local path in a list read from a bucket; a scheme we cannot read
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,12 @@ class InputSpec:
     output: str  # the output prefix with its scheme (file paths bare and absolute)
     storage_options: dict[str, Any]
     list_column: str = ""  # the URI column of a .csv / .parquet list
+    allow_local_sources: bool = False  # a list read from a bucket may name local paths
+
+    @property
+    def local_entries_refused(self) -> bool:
+        """A list in a bucket naming node-local files reads whatever each worker has there."""
+        return self.kind == "list" and storage.protocol_of(self.uri) != "file" and not self.allow_local_sources
 
     @property
     def root(self) -> str:
@@ -331,13 +338,21 @@ def decide(batch: pa.Table, spec: InputSpec) -> pa.Table:
     t_any = pc.cast(batch.column("t_any"), pa.float64())
     t_same = pc.cast(batch.column("t_same"), pa.float64())
     done = pc.fill_null(pc.and_(pc.is_valid(t_same), pc.greater_equal(t_same, t_any)), False)
+    src = sources.to_pylist()
+    no = pa.array(np.zeros(len(n), bool))
+    local, scheme = no, no
     if spec.kind == "list":
         unsafe = pc.or_(pc.equal(sources, spec.output), pc.starts_with(sources, spec.output + "/"))
+        protocols = [storage.protocol_of(s) for s in src]
+        scheme = pa.array([p not in storage.SOURCE_PROTOCOLS for p in protocols])
+        if spec.local_entries_refused:
+            local = pa.array([p == "file" for p in protocols])
     else:  # a listed prefix never overlaps the output (refused up front)
-        unsafe = pa.array(np.zeros(len(n), bool))
+        unsafe = no
     ignored = pc.equal(batch.column("ignored"), 1)
-    decision = pc.if_else(ignored, IGNORED, pc.if_else(unsafe, UNSAFE, pc.if_else(done, DONE, TODO)))
-    src = sources.to_pylist()
+    decision = pc.if_else(done, DONE, TODO)
+    for flag, value in ((unsafe, UNSAFE), (local, LOCAL), (scheme, SCHEME), (ignored, IGNORED)):
+        decision = pc.if_else(flag, value, decision)
     keys = [key_of(s, spec) for s in src]
     first = pa.table([sources, pa.array(keys, pa.string()), batch.column("size"), decision],
                      schema=RESOLVED_SCHEMA)

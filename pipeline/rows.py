@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from operators.keys import redact_uri_credentials
+
 # Row statuses written to the manifest.
 OK, ERROR, SKIPPED = "ok", "error", "skipped"
 # In-flight statuses that never reach the manifest: "pending" = fine so far; "ignored" = a
@@ -77,8 +79,9 @@ def fingerprint(model_md5: str, fmt: str, post_process_mask: bool, bgcolor: Any,
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception as one short line (client libraries put newlines and JSON in messages)."""
-    text = " ".join(str(exc).split())[:200]
+    """An exception as one short line (client libraries put newlines and JSON in messages), with
+    any credentials in a URI redacted (rows and messages are records too)."""
+    text = redact_uri_credentials(" ".join(str(exc).split()))[:200]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 

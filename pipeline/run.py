@@ -6,16 +6,18 @@ or any image is read, so a mistake costs one line and exit status 2, not a half-
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from operators import storage
 from operators.keys import is_under
+from pipeline import lease
 from pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
 from pipeline.engine_choice import EngineChoice, cached_choice, check_local_cuda, check_precision
 from pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
@@ -81,30 +83,55 @@ def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:
 
 
 def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec, EngineChoice]:
-    """All fail-fast checks; raises ConfigError with one line. Reads no input beyond one probe."""
+    """All fail-fast checks; raises ConfigError with one line. Reads no input beyond one probe.
+    Then ``execute`` takes the output's lease and writes the config beside the manifest."""
     check_locations(cfg)
     check_precision(cfg)
     if cfg.device == "cuda" and not (cfg.address or os.environ.get("RAY_ADDRESS")):
         check_local_cuda(cfg)
     model = load_model(cfg.model, cfg.model_md5, cfg.storage_options)
     engine = cached_choice(cfg, model.data, model.md5)
-    spec = check_input(cfg.input, cfg.output, cfg.storage_options)
+    spec = replace(check_input(cfg.input, cfg.output, cfg.storage_options),
+                   allow_local_sources=cfg.allow_local_sources)
     run_id = cfg.run_id or new_run_id()
     reused = run_dir_exists(cfg, run_id)
-    probe_output(cfg, run_id)
     return run_id, reused, model, spec, engine
 
 
+def take_lease(cfg: RunConfig, run_id: str) -> lease.Lease:
+    """The output's lease (its creation is also the first write to the output)."""
+    try:
+        return lease.acquire(cfg.output, run_id, cfg.storage_options, force=cfg.force)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"output {cfg.output}: cannot write ({one_line(exc)})") from None
+
+
 def execute(cfg: RunConfig) -> RunResult:
+    t0 = time.time()
+    run_id, reused, model, spec, engine = prepare(cfg)
+    held = take_lease(cfg, run_id)
+    try:
+        probe_output(cfg, run_id)
+        return execute_leased(cfg, t0, run_id, reused, model, spec, engine, held)
+    finally:
+        held.release()
+
+
+def execute_leased(cfg: RunConfig, t0: float, run_id: str, reused: bool, model: LoadedModel, spec: InputSpec,
+                   engine: EngineChoice, held: lease.Lease) -> RunResult:
     from pipeline import execution  # imports Ray; kept out of the fail-fast path above
     from pipeline.sink import ManifestSink
 
-    t0 = time.time()
-    run_id, reused, model, spec, engine = prepare(cfg)
     attempt = uuid.uuid4().hex[:8]
     fp = run_fingerprint(cfg, model, engine)
     sink = ManifestSink(cfg.output, run_id, attempt, cfg.storage_options)
-    placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), engine, sink)
+    def on_stop(signal_name: str) -> None:
+        record_interruption(cfg, run_id, attempt, signal_name, sink.stats, t0)
+        held.release()
+
+    placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), engine, sink, on_stop=on_stop)
     storage.forget_listings(cfg.output, cfg.storage_options)  # the workers wrote under it
     if reused:
         removed = remove_other_attempts(cfg.output, run_id, attempt, cfg.storage_options)
@@ -116,6 +143,21 @@ def execute(cfg: RunConfig) -> RunResult:
     summary = build_summary(cfg, run_id, attempt, fp, model, stats, time.time() - t0, t0, placement)
     write_summary(cfg.output, summary, cfg.storage_options)
     return RunResult(summary, 3 if summary["failed"] else 0, manifest_dir(cfg.output, run_id))
+
+
+def record_interruption(cfg: RunConfig, run_id: str, attempt: str, signal_name: str, stats: dict[str, Any],
+                        t0: float) -> None:
+    """``_manifest/<run>/_interrupted.json``: what the committed parts hold so far. Never the
+    output's ``_summary.json``, which marks a complete run."""
+    record = {"run_id": run_id, "attempt": attempt, "interrupted_by": signal_name,
+              "seconds": round(time.time() - t0, 3), "committed_rows": stats.get("rows", 0),
+              "status": stats.get("status", {}), "manifest_parts": stats.get("parts", 0),
+              "at": datetime.now(UTC).isoformat()}
+    try:
+        uri = storage.join_uri(manifest_dir(cfg.output, run_id), "_interrupted.json")
+        storage.write_bytes_atomic(uri, json.dumps(record, indent=2).encode(), cfg.storage_options)
+    except Exception as exc:  # noqa: BLE001 - stopping must not fail on the record of stopping
+        log.warning("could not record the interruption: %s", one_line(exc))
 
 
 def build_summary(cfg: RunConfig, run_id: str, attempt: str, fp: str, model: LoadedModel, stats: dict[str, Any],

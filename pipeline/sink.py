@@ -18,7 +18,15 @@ from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
 from operators import storage
-from pipeline.manifest import ROWS_PER_PART, block_stats, empty_stats, manifest_dir, merge_stats, part_name
+from pipeline.manifest import (
+    ROWS_PER_PART,
+    block_stats,
+    empty_stats,
+    manifest_dir,
+    merge_stats,
+    part_name,
+    write_record,
+)
 from pipeline.rows import IGNORED, MANIFEST_SCHEMA
 
 
@@ -48,7 +56,7 @@ class ManifestSink(Datasink):
             buf = io.BytesIO()
             pq.write_table(table, buf)
             uri = storage.join_uri(self.dir, part_name(self.attempt, ctx.task_idx))
-            storage.write_bytes_atomic(uri, buf.getvalue(), self.options)
+            write_record(uri, buf.getvalue(), self.options)
         return block_stats(table, ignored)
 
     def on_write_complete(self, write_result: Any) -> None:

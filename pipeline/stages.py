@@ -89,7 +89,7 @@ def fetch(source: str, size: int, s: StageSettings) -> bytes:
     """One GET. The size comes from the listing when there was one (no HEAD for it); for list
     entries the read is capped at ``max_bytes + 1`` so an oversized file is never held whole."""
     fs = storage.filesystem(source, s.storage_options)
-    path = storage.strip_protocol(source)
+    path = storage.object_path(source)
     if size > s.max_bytes:
         raise ImageError("too_large", f"{size} bytes > max_bytes ({s.max_bytes})")
     if size == 0:
@@ -100,6 +100,19 @@ def fetch(source: str, size: int, s: StageSettings) -> bytes:
     if len(data) > s.max_bytes:
         raise ImageError("too_large", f"more than max_bytes ({s.max_bytes})")
     return data
+
+
+def read_reason(exc: BaseException, source: str) -> str:
+    """Why a source could not be read, in a few words: ``not found``, ``http 404``, ``timeout``, ..."""
+    web = storage.protocol_of(source) in storage.WEB_PROTOCOLS
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if web and isinstance(status, int):
+        return f"http {status}"
+    if isinstance(exc, FileNotFoundError):
+        return "http 404" if web else "not found"
+    if isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower():
+        return "timeout"
+    return rows.one_line(exc)
 
 
 def start_row(source: str, key: str, size: int, s: StageSettings) -> dict[str, Any]:
@@ -114,10 +127,8 @@ def start_row(source: str, key: str, size: int, s: StageSettings) -> dict[str, A
         row["status"] = PENDING
     except (ImageError, UnsafeKeyError) as exc:
         rows.fail(row, exc.kind, str(exc))
-    except FileNotFoundError:
-        rows.fail(row, "read", "read: not found")
     except Exception as exc:  # noqa: BLE001 - storage/permission errors are this input's row
-        rows.fail(row, "read", f"read: {rows.one_line(exc)}")
+        rows.fail(row, "read", f"read: {read_reason(exc, source)}")
     row["read_ms"] = timer.ms.get("read", 0.0)
     return row
 
@@ -222,6 +233,9 @@ _DECIDED = {  # decision -> (status, error_kind, error)
     "done": (rows.SKIPPED, rows.DONE, None),
     "duplicate": (rows.SKIPPED, rows.DUPLICATE, rows.DUPLICATE_REASON),
     "unsafe": (rows.ERROR, "unsafe_source", "unsafe_source: lies under the output prefix"),
+    "local": (rows.ERROR, "unsafe_source", "unsafe_source: a local path in a list read from a bucket "
+              "(each worker would read its own disk; pass --allow-local-sources to allow it)"),
+    "scheme": (rows.ERROR, "read", "read: unsupported scheme (supported: gs://, s3://, http(s)://, local paths)"),
     "ignored": (rows.IGNORED, None, None),
 }
 
