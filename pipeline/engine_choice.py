@@ -128,7 +128,7 @@ def cached_choice(cfg: RunConfig, model: bytes, model_md5: str) -> EngineChoice:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
             choice = EngineChoice(EngineSpec(**meta["spec"]), meta["version"], data["reference"], meta["checks"])
-        log.info("engine %s (checked earlier: %s)", choice.label, describe(choice.checks))
+        log.debug("engine %s (checked earlier: %s)", choice.label, describe(choice.checks))
         return choice
     except (OSError, KeyError, ValueError, TypeError):
         pass

@@ -90,9 +90,9 @@ def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec, EngineCh
     if cfg.device == "cuda" and not (cfg.address or os.environ.get("RAY_ADDRESS")):
         check_local_cuda(cfg)
     model = load_model(cfg.model, cfg.model_md5, cfg.storage_options)
-    engine = cached_choice(cfg, model.data, model.md5)
     spec = replace(check_input(cfg.input, cfg.output, cfg.storage_options),
                    allow_local_sources=cfg.allow_local_sources)
+    engine = cached_choice(cfg, model.data, model.md5)
     run_id = cfg.run_id or new_run_id()
     reused = run_dir_exists(cfg, run_id)
     return run_id, reused, model, spec, engine

@@ -77,7 +77,7 @@ def test_report_of_a_million_row_run_is_built_from_aggregates_in_bounded_memory(
                 "error": np.where(status == "error", "decode: truncated image", None), "fingerprint": ["f"] * k,
                 "width": np.full(k, 4000), "height": np.full(k, 3000), "input_bytes": np.full(k, 2_000_000),
                 "node": np.where(np.arange(k) % 2 == 0, "node-a", "node-b"),
-                "actor": [f"actor{i % 8}@1" for i in range(k)],
+                "actor": [f"actor{i % 8}@1" for i in range(k)], "engine": ["openvino/fp32/cpu 2026.4.1"] * k,
                 **{c: rng.gamma(2.0, 10.0, k).astype(np.float32) for c in TIME_COLUMNS},
                 "started_at": t0 + p * 100 + np.arange(k) / 1000, "finished_at": t0 + p * 100 + np.arange(k) / 1000 + 1}
         cols["infer_ms"] = np.full(k, 250.0, np.float32)
