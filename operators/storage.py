@@ -122,6 +122,19 @@ def exists(uri: str, options: dict[str, Any] | None = None) -> bool:
     return with_retries(lambda: fs.exists(strip_protocol(uri)))
 
 
+def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:
+    """Write a complete temporary file beside ``path``, then ``publish`` it there (rename or link)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        publish(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def create_bytes_exclusive(uri: str, data: bytes, options: dict[str, Any] | None = None) -> None:
     """Create an object only if none exists (raises FileExistsError otherwise), whole or not at all.
 
@@ -141,14 +154,7 @@ def create_bytes_exclusive(uri: str, data: bytes, options: dict[str, Any] | None
                 raise FileExistsError(uri) from None
             raise
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
+    _publish_local(path, data, os.link)  # fails if the name exists
 
 
 def write_bytes_atomic(uri: str, data: bytes, options: dict[str, Any] | None = None) -> None:
@@ -163,12 +169,4 @@ def write_bytes_atomic(uri: str, data: bytes, options: dict[str, Any] | None = N
     if protocol_of(uri) != "file":
         with_retries(lambda: fs.pipe_file(path, data))
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    _publish_local(path, data, os.replace)
