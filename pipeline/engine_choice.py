@@ -60,10 +60,10 @@ def base_spec(cfg: RunConfig, name: str) -> EngineSpec:
 
 def check_precision(cfg: RunConfig, flags: tuple[str, ...] | None = None) -> None:
     """bf16 only where the CPU has it: refused with one line naming the missing flags."""
-    if cfg.precision != "bf16" or cfg.device != "cpu":
-        if cfg.precision == "bf16":
-            raise ConfigError("precision bf16: only on the CPU (GPU inference runs strict fp32)")
+    if cfg.precision != "bf16":
         return
+    if cfg.device != "cpu":
+        raise ConfigError("precision bf16: only on the CPU (GPU inference runs strict fp32)")
     have = set(cpu_flags() if flags is None else flags)
     if not have & set(BF16_FLAGS):
         raise ConfigError(f"precision bf16: this CPU has neither {' nor '.join(BF16_FLAGS)} "
@@ -105,19 +105,17 @@ def describe(checks: dict[str, str]) -> str:
 
 def choice_key(cfg: RunConfig, model_md5: str) -> str:
     """What decides the choice: the model, the engines' versions, this CPU and the settings."""
-    versions = {n: importlib.metadata.version(DISTRIBUTIONS[n]) for n in ENGINES if installed(n)
-                and _distribution_exists(DISTRIBUTIONS[n])}
+    versions = {n: _version(DISTRIBUTIONS[n]) for n in ENGINES}
     parts = [model_md5, cfg.engine, cfg.precision, cfg.device, cfg.intra_op_threads, cfg.inter_op_threads,
              cfg.graph_optimization, sorted(versions.items()), cpu_model(), sorted(cpu_flags()), CHECK_VERSION]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
-def _distribution_exists(name: str) -> bool:
+def _version(distribution: str) -> str | None:
     try:
-        importlib.metadata.version(name)
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+        return None
 
 
 def cached_choice(cfg: RunConfig, model: bytes, model_md5: str) -> EngineChoice:
