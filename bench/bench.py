@@ -39,17 +39,18 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from operators import preprocess  # noqa: E402
-from operators.decode import decode_rgb  # noqa: E402
-from pipeline.config import DEFAULT_MODEL  # noqa: E402
-from pipeline.report import PUBLISHED_PRICE_384  # noqa: E402
-from pipeline.sysinfo import machine_info  # noqa: E402
+from maskray.operators import preprocess  # noqa: E402
+from maskray.operators.decode import decode_rgb  # noqa: E402
+from maskray.pipeline.report import PUBLISHED_PRICE_384  # noqa: E402
+from maskray.pipeline.sysinfo import machine_info  # noqa: E402
+from maskray.pipeline.weights import default_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 REMBG_VENV = ROOT / ".venv-rembg"
 
 
 # ------------------------------------------------------------------ measuring a run
+
 
 class Sampler:
     """Samples machine CPU busy fraction and the RSS of a process tree while a run goes."""
@@ -132,8 +133,9 @@ def make_inputs(n: int, dest: Path, megapixels: float = 0.0) -> list[Path]:
 
 # ------------------------------------------------------------------ 1. ceiling
 
+
 def _ceiling_worker(model: bytes, tensors: np.ndarray, barrier, queue, engine: dict[str, Any]) -> None:
-    from operators.engines import EngineSpec, open_engine
+    from maskray.operators.engines import EngineSpec, open_engine
 
     eng = open_engine(model, EngineSpec(**engine))
     eng.infer(tensors[0])  # warm-up: first run allocates
@@ -149,7 +151,7 @@ def _ceiling_worker(model: bytes, tensors: np.ndarray, barrier, queue, engine: d
 
 def run_ceiling(files: list[Path], cpus: int, engine: dict[str, Any] | None = None) -> dict[str, Any]:
     """The model alone: one single-threaded engine per CPU, one image per call, preprocessed tensors."""
-    model = Path(DEFAULT_MODEL).read_bytes()
+    model = Path(default_model()).read_bytes()
     tensors = [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9))) for f in files]
     shares = [np.stack(tensors[i::cpus]) for i in range(cpus)]
     ctx = mp.get_context("spawn")
@@ -165,17 +167,25 @@ def run_ceiling(files: list[Path], cpus: int, engine: dict[str, Any] | None = No
     for p in procs:
         p.join()
     lat = [t for _, times, _ in results for t in times]
-    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
-            "latency_p50_ms": 1000 * float(np.percentile(lat, 50)),
-            "latency_p95_ms": 1000 * float(np.percentile(lat, 95)),
-            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sum(r for *_, r in results) / 2**20,
-            "peak_rss_per_actor_mb": max(r for *_, r in results) / 2**20, "cold_start_s": None}
+    return {
+        "images": len(files),
+        "seconds": wall,
+        "images_per_second": len(files) / wall,
+        "latency_p50_ms": 1000 * float(np.percentile(lat, 50)),
+        "latency_p95_ms": 1000 * float(np.percentile(lat, 95)),
+        "cpu_utilisation": sampler.cpu_utilisation,
+        "peak_rss_total_mb": sum(r for *_, r in results) / 2**20,
+        "peak_rss_per_actor_mb": max(r for *_, r in results) / 2**20,
+        "cold_start_s": None,
+    }
 
 
 # ------------------------------------------------------------------ 2. maskray, 4. naive
 
-def timed_subprocess(cmd: list[str], env: dict[str, str] | None = None,
-                     extra_roots: tuple[int, ...] = ()) -> tuple[float, Sampler, str]:
+
+def timed_subprocess(
+    cmd: list[str], env: dict[str, str] | None = None, extra_roots: tuple[int, ...] = ()
+) -> tuple[float, Sampler, str]:
     """Wall time of ``cmd``; memory is sampled over its process tree and ``extra_roots``' trees
     (a running Ray head's, whose workers host the actors of a job that joins it)."""
     t0 = time.perf_counter()
@@ -215,29 +225,44 @@ def manifest_metrics(out: Path) -> dict[str, Any]:
     # runs single-threaded, so stage time is CPU time).
     total = sum(stages.values())
     outside = (total - stages.get("infer", 0.0)) / total if total else None
-    return {"outside_infer_share": outside, "steady_images_per_second": steady,
-            "latency_p50_ms": float(latency.quantile(0.5)),
-            "latency_p95_ms": float(latency.quantile(0.95)), "queued_latency_p50_ms": float(queued.quantile(0.5)),
-            "queued_latency_p95_ms": float(queued.quantile(0.95)), "cold_start_s": summary["seconds_to_first_mask"],
-            "stage_ms_mean": stages, "summary_seconds": summary["seconds"]}
+    return {
+        "outside_infer_share": outside,
+        "steady_images_per_second": steady,
+        "latency_p50_ms": float(latency.quantile(0.5)),
+        "latency_p95_ms": float(latency.quantile(0.95)),
+        "queued_latency_p50_ms": float(queued.quantile(0.5)),
+        "queued_latency_p95_ms": float(queued.quantile(0.95)),
+        "cold_start_s": summary["seconds_to_first_mask"],
+        "stage_ms_mean": stages,
+        "summary_seconds": summary["seconds"],
+    }
 
 
-def run_pipeline(files: list[Path], work: Path, name: str, cmd: list[str],
-                 extra_roots: tuple[int, ...] = ()) -> dict[str, Any]:
+def run_pipeline(
+    files: list[Path], work: Path, name: str, cmd: list[str], extra_roots: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """A contender that writes maskray's manifest and summary (maskray itself, the naive graph)."""
     out = work / f"out-{name}"
     shutil.rmtree(out, ignore_errors=True)
-    wall, sampler, _ = timed_subprocess([*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                                        extra_roots=extra_roots)
-    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
-            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
-            "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20, **manifest_metrics(out)}
+    wall, sampler, _ = timed_subprocess(
+        [*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"}, extra_roots=extra_roots
+    )
+    return {
+        "images": len(files),
+        "seconds": wall,
+        "images_per_second": len(files) / wall,
+        "cpu_utilisation": sampler.cpu_utilisation,
+        "peak_rss_total_mb": sampler.peak_rss / 2**20,
+        "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20,
+        **manifest_metrics(out),
+    }
 
 
 def run_maskray(files: list[Path], work: Path, name: str = "maskray", flags: tuple[str, ...] = ()) -> dict[str, Any]:
     cli = str(ROOT / ".venv" / "bin" / "maskray")
-    return run_pipeline(files, work, name,
-                        [cli, "run", "--no-progress", *flags, "--input", str(files[0].parent), "--output"])
+    return run_pipeline(
+        files, work, name, [cli, "run", "--no-progress", *flags, "--input", str(files[0].parent), "--output"]
+    )
 
 
 def run_maskray_ray_up(files: list[Path], work: Path, cpus: int) -> dict[str, Any]:
@@ -267,12 +292,14 @@ def run_naive(files: list[Path], work: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ 3. rembg
 
+
 def ensure_rembg() -> Path:
     rembg = REMBG_VENV / "bin" / "rembg"
     if not rembg.exists():
         subprocess.run([sys.executable, "-m", "venv", str(REMBG_VENV)], check=True)
-        subprocess.run([str(REMBG_VENV / "bin" / "pip"), "install", "-q", "rembg[cli]==2.0.86",
-                        "onnxruntime==1.32.0"], check=True)
+        subprocess.run(
+            [str(REMBG_VENV / "bin" / "pip"), "install", "-q", "rembg[cli]==2.0.86", "onnxruntime==1.32.0"], check=True
+        )
         # The first import compiles and caches pymatting's numba kernels: a one-time cost of the
         # install, not of a run, so it is paid here and not inside round 1.
         subprocess.run([str(REMBG_VENV / "bin" / "python"), "-c", "import rembg"], check=True)
@@ -283,19 +310,27 @@ def run_rembg(files: list[Path], work: Path) -> dict[str, Any]:
     out = work / "out-rembg"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = {**os.environ, "U2NET_HOME": str(Path(DEFAULT_MODEL).parent)}
+    env = {**os.environ, "U2NET_HOME": str(Path(default_model()).parent)}
     cmd = [str(ensure_rembg()), "p", "-m", "u2netp", str(files[0].parent), str(out)]
     wall, sampler, _ = timed_subprocess(cmd, env=env)
     made = len(list(out.glob("*.png")))
     if made != len(files):
         raise RuntimeError(f"rembg wrote {made} of {len(files)} outputs")
-    return {"images": len(files), "seconds": wall, "images_per_second": len(files) / wall,
-            "cpu_utilisation": sampler.cpu_utilisation, "peak_rss_total_mb": sampler.peak_rss / 2**20,
-            "peak_rss_per_actor_mb": sampler.peak_rss / 2**20, "cold_start_s": None,
-            "latency_p50_ms": None, "latency_p95_ms": None}
+    return {
+        "images": len(files),
+        "seconds": wall,
+        "images_per_second": len(files) / wall,
+        "cpu_utilisation": sampler.cpu_utilisation,
+        "peak_rss_total_mb": sampler.peak_rss / 2**20,
+        "peak_rss_per_actor_mb": sampler.peak_rss / 2**20,
+        "cold_start_s": None,
+        "latency_p50_ms": None,
+        "latency_p95_ms": None,
+    }
 
 
 # ------------------------------------------------------------------ report
+
 
 def spread(values: list[float | None]) -> dict[str, float | None]:
     vals = [v for v in values if v is not None]
@@ -396,11 +431,13 @@ def chart(table: dict[str, Any], path: Path) -> None:
 CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
     "ceiling": lambda files, work, cpus: run_ceiling(files, cpus),
     "ceiling-openvino": lambda files, work, cpus: run_ceiling(files, cpus, {"name": "openvino"}),
-    "ceiling-openvino-bf16": lambda files, work, cpus: run_ceiling(files, cpus,
-                                                                   {"name": "openvino", "precision": "bf16"}),
+    "ceiling-openvino-bf16": lambda files, work, cpus: run_ceiling(
+        files, cpus, {"name": "openvino", "precision": "bf16"}
+    ),
     "maskray": lambda files, work, cpus: run_maskray(files, work),
-    "maskray-ort-exact": lambda files, work, cpus: run_maskray(files, work, "maskray-ort-exact",
-                                                               ("--engine", "ort", "--mask-resize", "lanczos")),
+    "maskray-ort-exact": lambda files, work, cpus: run_maskray(
+        files, work, "maskray-ort-exact", ("--engine", "ort", "--mask-resize", "lanczos")
+    ),
     "rembg": lambda files, work, cpus: run_rembg(files, work),
     "naive": lambda files, work, cpus: run_naive(files, work),
     "maskray-ray-up": run_maskray_ray_up,
@@ -425,9 +462,12 @@ def run_rounds(names: list[str], files: list[Path], work: Path, cpus: int, round
             after = probe(files, cpus)
             result["ceiling_nearby"] = (before + after) / 2
             runs[name].append(result)
-            print(f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s "
-                  f"({speed(result):.2f} x the ceiling probes "
-                  f"{before:.2f} / {after:.2f})", flush=True)
+            print(
+                f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s "
+                f"({speed(result):.2f} x the ceiling probes "
+                f"{before:.2f} / {after:.2f})",
+                flush=True,
+            )
             before = after
     return runs
 
@@ -436,12 +476,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--megapixels", type=float, default=0.0,
-                    help="upscale the samples to JPEGs of this size (catalog photos: 2, 12); 0 = as they are")
+    ap.add_argument(
+        "--megapixels",
+        type=float,
+        default=0.0,
+        help="upscale the samples to JPEGs of this size (catalog photos: 2, 12); 0 = as they are",
+    )
     ap.add_argument("--only", nargs="*", choices=list(CONTENDERS), default=list(CONTENDERS))
     ap.add_argument("--cpus", type=int, default=os.cpu_count())
-    ap.add_argument("--price-per-hour", type=float, default=None,
-                    help="machine $/h (default: the published $5.20/h per 384 vCPUs, scaled to --cpus)")
+    ap.add_argument(
+        "--price-per-hour",
+        type=float,
+        default=None,
+        help="machine $/h (default: the published $5.20/h per 384 vCPUs, scaled to --cpus)",
+    )
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     price = args.price_per_hour if args.price_per_hour is not None else PUBLISHED_PRICE_384 / 384 * args.cpus
@@ -450,10 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     names = ["ceiling", *(n for n in args.only if n != "ceiling")]
     runs = run_rounds(names, files, work, args.cpus, args.rounds)
     table = summarise(runs, args.cpus, price)
-    meta = {"command": " ".join(["make bench", *(argv or sys.argv[1:])]), "cpus": args.cpus, "images": args.images,
-            "megapixels": args.megapixels,
-            "rounds": args.rounds, "price_per_hour": price, "date": time.strftime("%Y-%m-%d"),
-            "machine": machine_info()}
+    meta = {
+        "command": " ".join(["make bench", *(argv or sys.argv[1:])]),
+        "cpus": args.cpus,
+        "images": args.images,
+        "megapixels": args.megapixels,
+        "rounds": args.rounds,
+        "price_per_hour": price,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine_info(),
+    }
     args.results.mkdir(parents=True, exist_ok=True)
     md = markdown(table, meta)
     stem = f"bench-{args.megapixels:g}mp" if args.megapixels else "bench"

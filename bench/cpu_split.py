@@ -28,11 +28,15 @@ from bench.bench import make_inputs  # noqa: E402
 GROUPS = [
     ("inference actors", ("InferenceActor",)),
     ("maskray driver", ("bin/maskray",)),
-    ("Ray Data helper actors", ("_StatsActor", "ActorLocationTracker", "AutoscalingCoordinator",
-                                "AutoscalingRequester")),
+    (
+        "Ray Data helper actors",
+        ("_StatsActor", "ActorLocationTracker", "AutoscalingCoordinator", "AutoscalingRequester"),
+    ),
     ("decode/write workers (ray::IDLE between tasks)", ("ray::IDLE", "prepare_batch", "finish_batch", "MapBatches")),
-    ("Ray daemons (raylet, GCS, agents, dashboard)", ("raylet", "gcs_server", "dashboard", "agent", "log_monitor",
-                                                      "monitor.py", "ray/_private")),
+    (
+        "Ray daemons (raylet, GCS, agents, dashboard)",
+        ("raylet", "gcs_server", "dashboard", "agent", "log_monitor", "monitor.py", "ray/_private"),
+    ),
 ]
 
 
@@ -60,10 +64,21 @@ def main() -> int:
     work = ROOT / "bench" / "results" / "work-cpu"
     files = make_inputs(args.images, work / "in")
     shutil.rmtree(work / "out", ignore_errors=True)
-    cmd = [str(ROOT / ".venv" / "bin" / "maskray"), "run", "--input", str(files[0].parent),
-           "--output", str(work / "out"), "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled")))
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "maskray"),
+        "run",
+        "--input",
+        str(files[0].parent),
+        "--output",
+        str(work / "out"),
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled")),
+    )
     time.sleep(args.skip_s)
     before, t0 = snapshot(), time.monotonic()
     time.sleep(args.window_s)
@@ -77,8 +92,10 @@ def main() -> int:
     for pid, (cmdline, cpu) in after.items():
         spent[group_of(cmdline)] += cpu - before.get(pid, (cmdline, 0.0))[1]
     cores = psutil.cpu_count()
-    print(f"| where the CPU went ({window:.0f} s window, {args.skip_s:g} s after launch, {args.images} images) "
-          f"| CPU s | share of {cores} CPUs |")
+    print(
+        f"| where the CPU went ({window:.0f} s window, {args.skip_s:g} s after launch, {args.images} images) "
+        f"| CPU s | share of {cores} CPUs |"
+    )
     print("| --- | --- | --- |")
     for group, seconds in spent.most_common():
         print(f"| {group} | {seconds:.2f} | {seconds / (window * cores):.1%} |")

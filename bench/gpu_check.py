@@ -27,12 +27,12 @@ from PIL import Image, ImageOps
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from operators import agreement  # noqa: E402
-from operators.decode import decode_rgb  # noqa: E402
-from operators.engines import EngineSpec, open_engine  # noqa: E402
-from operators.postprocess import resize_mask  # noqa: E402
-from operators.preprocess import normalise, resize_for_model  # noqa: E402
-from operators.session import to_small_mask  # noqa: E402
+from maskray.operators import agreement  # noqa: E402
+from maskray.operators.decode import decode_rgb  # noqa: E402
+from maskray.operators.engines import EngineSpec, open_engine  # noqa: E402
+from maskray.operators.postprocess import resize_mask  # noqa: E402
+from maskray.operators.preprocess import normalise, resize_for_model  # noqa: E402
+from maskray.operators.session import to_small_mask  # noqa: E402
 
 MODEL = ROOT / "models" / "u2netp.onnx"
 SAMPLES = sorted(p for p in (ROOT / "samples").iterdir() if p.suffix.lower() in (".jpg", ".png"))
@@ -87,7 +87,9 @@ class Sampler:
         self.stop = threading.Event()
         self.proc = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "500"],
-            stdout=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         threading.Thread(target=self.read_gpu, daemon=True).start()
         threading.Thread(target=self.read_cpu, daemon=True).start()
 
@@ -103,6 +105,7 @@ class Sampler:
             with open("/proc/stat") as fh:
                 v = [int(x) for x in fh.readline().split()[1:]]
             return sum(v), v[3] + v[4]
+
         last = snap()
         while not self.stop.wait(0.5):
             now = snap()
@@ -141,9 +144,11 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.work)
     model = MODEL.read_bytes()
-    results: dict = {"gpu": subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip(),
-                     "cpus": os.cpu_count()}
-    from pipeline.engine_choice import cuda_engines
+    results: dict = {
+        "gpu": subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip(),
+        "cpus": os.cpu_count(),
+    }
+    from maskray.pipeline.engine_choice import cuda_engines
 
     engines = cuda_engines()
     results["cuda_engines"] = engines
@@ -161,8 +166,21 @@ def main() -> int:
     photos = make_photos(work / "in", args.images)
     out = work / "out"
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "--input", str(work / "in"), "--output", str(out),
-           "--device", "cuda", "--engine", name, "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "maskray.pipeline.cli",
+        "run",
+        "--input",
+        str(work / "in"),
+        "--output",
+        str(out),
+        "--device",
+        "cuda",
+        "--engine",
+        name,
+        "--no-progress",
+    ]
     cmd += ["--batch-size", str(args.batch_size)] if args.batch_size else []
     cmd += ["--gpus-per-actor", str(args.gpus_per_actor)] if args.gpus_per_actor else []
     sampler = Sampler()
@@ -179,11 +197,14 @@ def main() -> int:
     last = summary["last_row_finished_at"] or time.time()
     steady = summary["ok"] / (last - first) if last > first else None
     results["run"] = {
-        "ok": summary["ok"], "failed": summary["failed"], "seconds": summary["seconds"],
+        "ok": summary["ok"],
+        "failed": summary["failed"],
+        "seconds": summary["seconds"],
         "img_s_end_to_end": summary["images_per_second"],
         "img_s_after_first_mask": round(steady, 1) if steady else None,
         "seconds_to_first_mask": summary["seconds_to_first_mask"],
-        "pool_size": summary["cluster"]["pool_size"], "engine": summary["cluster"].get("engine"),
+        "pool_size": summary["cluster"]["pool_size"],
+        "engine": summary["cluster"].get("engine"),
         "gpu_util_pct_mean": Sampler.mean(sampler.gpu, first, last),
         "cpu_util_pct_mean": Sampler.mean(sampler.cpu, first, last),
         "stage_seconds_total": summary["stage_seconds_total"],
@@ -194,8 +215,7 @@ def main() -> int:
         got = np.asarray(Image.open(out / "masks" / f"{stem}.jpg.png"))
         mads.append(float(np.abs(got.astype(np.int16) - ref).mean()))
         ious.append(agreement.iou(got, ref))
-    results["agreement_vs_cpu"] = {"photos": len(mads), "max_mad": round(max(mads), 4),
-                                   "min_iou": round(min(ious), 5)}
+    results["agreement_vs_cpu"] = {"photos": len(mads), "max_mad": round(max(mads), 4), "min_iou": round(min(ious), 5)}
     print(json.dumps(results, indent=1))
     return 0
 

@@ -21,5 +21,5 @@ if ! $PY -c "import ray, pydantic, cv2, pyarrow" 2>/dev/null; then
   fi
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-[ -f models/u2netp.onnx ] || $PY -m pipeline.cli fetch-model --dest models/u2netp.onnx
+[ -f models/u2netp.onnx ] || $PY -m maskray.pipeline.cli fetch-model --dest models/u2netp.onnx
 exec timeout 460 $PY bench/gpu_check.py "$@"

@@ -35,15 +35,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.ort_options import measure  # noqa: E402
-from operators import postprocess, preprocess, session  # noqa: E402
-from operators.decode import decode_rgb  # noqa: E402
-from pipeline.config import DEFAULT_MODEL  # noqa: E402
+from maskray.operators import postprocess, preprocess, session  # noqa: E402
+from maskray.operators.decode import decode_rgb  # noqa: E402
+from maskray.pipeline.weights import default_model  # noqa: E402
 
 SAMPLES = sorted(p for p in (ROOT / "samples").iterdir() if p.suffix.lower() in (".jpg", ".png"))
 # Real photos in scikit-image's wheel that are not among the samples (licences in its _fetchers.py).
 SKIMAGE_WHEEL = "scikit-image==0.26.0"
-SKIMAGE_TEST = ["cell.png", "coins.png", "horse.png", "hubble_deep_field.jpg", "ihc.png", "moon.png",
-                "motorcycle_left.png", "retina.jpg"]
+SKIMAGE_TEST = [
+    "cell.png",
+    "coins.png",
+    "horse.png",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "moon.png",
+    "motorcycle_left.png",
+    "retina.jpg",
+]
 CACHE = ROOT / "bench" / "results" / "int8-photos"
 THRESHOLD = 0.98
 
@@ -53,8 +61,9 @@ def test_photos() -> list[Path]:
     CACHE.mkdir(parents=True, exist_ok=True)
     if not all((CACHE / n).exists() for n in SKIMAGE_TEST):
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
-                            SKIMAGE_WHEEL], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, SKIMAGE_WHEEL], check=True
+            )
             with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as whl:
                 for n in SKIMAGE_TEST:
                     (CACHE / n).write_bytes(whl.read(f"skimage/data/{n}"))
@@ -118,8 +127,16 @@ def quantise(pre: Path, dest: Path, calibration: list[np.ndarray], exclude: list
             t = next(self.it, None)
             return None if t is None else {"input.1": t}
 
-    quantize_static(str(pre), str(dest), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude)
+    quantize_static(
+        str(pre),
+        str(dest),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=exclude,
+    )
     return dest
 
 
@@ -145,9 +162,9 @@ def main() -> int:
     calib_paths, validation = SAMPLES[::2], SAMPLES[1::2]
     photos = [("validation", p) for p in validation] + [("test", p) for p in test_photos()]
     calibration = tensors_of(calib_paths, augment=True)
-    models = {"fp32": Path(DEFAULT_MODEL).read_bytes()}
+    models = {"fp32": Path(default_model()).read_bytes()}
     with tempfile.TemporaryDirectory() as tmp:
-        pre = prepare(Path(DEFAULT_MODEL), Path(tmp) / "pre.onnx")
+        pre = prepare(Path(default_model()), Path(tmp) / "pre.onnx")
         exclude = nodes_kept_float(pre, calibration, args.float_range)
         for name, excl in (("int8 all", []), ("int8 guided", exclude)):
             models[name] = quantise(pre, Path(tmp) / f"{name.replace(' ', '_')}.onnx", calibration, excl).read_bytes()
@@ -171,14 +188,18 @@ def main() -> int:
         for k, m in models.items():
             speeds[k].append(measure(m, session.SessionOptions(), tensors, args.procs))
     base = statistics.median(speeds["fp32"])
-    print(f"\n| model ({args.procs} procs x 1 thread, {len(tensors)} tensors, {args.rounds} rounds) "
-          "| img/s min / median / max | vs fp32 | min IoU | user-facing option? |")
+    print(
+        f"\n| model ({args.procs} procs x 1 thread, {len(tensors)} tensors, {args.rounds} rounds) "
+        "| img/s min / median / max | vs fp32 | min IoU | user-facing option? |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for k, v in speeds.items():
         iou = worst.get(k, 1.0)
         verdict = "(reference)" if k == "fp32" else ("yes" if iou >= THRESHOLD else f"no: IoU < {THRESHOLD}")
-        print(f"| {k} | {min(v):.2f} / {statistics.median(v):.2f} / {max(v):.2f} | "
-              f"{statistics.median(v) / base:.2f}x | {iou:.4f} | {verdict} |")
+        print(
+            f"| {k} | {min(v):.2f} / {statistics.median(v):.2f} / {max(v):.2f} | "
+            f"{statistics.median(v) / base:.2f}x | {iou:.4f} | {verdict} |"
+        )
     return 0
 
 

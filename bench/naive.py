@@ -1,6 +1,6 @@
 """The "first version" contender: maskray's own operators wired with Ray Data's defaults.
 
-Differences from pipeline.graph, on purpose: ``from_items`` blocks from rows taken to the driver,
+Differences from maskray.pipeline.graph, on purpose: ``from_items`` blocks from rows taken to the driver,
 Ray Data's default block size, default 1-CPU tasks, an autoscaling actor pool that starts at 1
 (no ``compute=``), and ONNX
 Runtime's default thread count (0 = all cores per session). Everything else (manifest, summary) is maskray's.
@@ -16,19 +16,21 @@ sys.path.insert(0, str(ROOT))
 
 import ray  # noqa: E402
 
-from pipeline import execution  # noqa: E402
-from pipeline.actor import InferenceActor  # noqa: E402
-from pipeline.config import resolve_config  # noqa: E402
-from pipeline.run import execute  # noqa: E402
-from pipeline.stages import finish_batch, prepare_batch  # noqa: E402
+from maskray.pipeline import execution  # noqa: E402
+from maskray.pipeline.actor import InferenceActor  # noqa: E402
+from maskray.pipeline.config import resolve_config  # noqa: E402
+from maskray.pipeline.run import execute  # noqa: E402
+from maskray.pipeline.stages import finish_batch, prepare_batch  # noqa: E402
 
 
 def naive_graph(todo, n, model_ref, settings, spec):
     ds = ray.data.from_items(todo.take_all())  # the plan on the driver, as a first version would
     ds = ds.map_batches(prepare_batch, fn_kwargs={"settings": settings}, batch_format="numpy")
-    ds = ds.map_batches(InferenceActor, fn_constructor_kwargs={
-        "model": model_ref, "engine": {"threads": 0, "inter_op_threads": 0}},
-        batch_format="numpy")
+    ds = ds.map_batches(
+        InferenceActor,
+        fn_constructor_kwargs={"model": model_ref, "engine": {"threads": 0, "inter_op_threads": 0}},
+        batch_format="numpy",
+    )
     return ds.map_batches(finish_batch, fn_kwargs={"settings": settings}, batch_format="numpy")
 
 

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench import make_inputs  # noqa: E402
-from operators import preprocess, session  # noqa: E402
-from operators.decode import decode_rgb  # noqa: E402
-from pipeline.config import DEFAULT_MODEL  # noqa: E402
+from maskray.operators import preprocess, session  # noqa: E402
+from maskray.operators.decode import decode_rgb  # noqa: E402
+from maskray.pipeline.weights import default_model  # noqa: E402
 
 VARIANTS = {
     "default (all opts, arena, spin)": session.SessionOptions(),
@@ -68,18 +68,22 @@ def main() -> int:
     args = ap.parse_args()
     files = make_inputs(args.images, ROOT / "bench" / "results" / "work-ort" / "in")
     tensors = [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9))) for f in files]
-    model = Path(DEFAULT_MODEL).read_bytes()
+    model = Path(default_model()).read_bytes()
     results: dict[str, list[float]] = {k: [] for k in VARIANTS}
     for _ in range(args.rounds):
         for name, opts in VARIANTS.items():
             results[name].append(measure(model, opts, tensors, args.procs))
     base = statistics.median(results["default (all opts, arena, spin)"])
-    print(f"| ORT option ({args.procs} procs x 1 thread, {args.images} images, {args.rounds} rounds) "
-          "| img/s min / median / max | vs default |")
+    print(
+        f"| ORT option ({args.procs} procs x 1 thread, {args.images} images, {args.rounds} rounds) "
+        "| img/s min / median / max | vs default |"
+    )
     print("| --- | --- | --- |")
     for name, vals in results.items():
-        print(f"| {name} | {min(vals):.2f} / {statistics.median(vals):.2f} / {max(vals):.2f} "
-              f"| {statistics.median(vals) / base:.2f} |")
+        print(
+            f"| {name} | {min(vals):.2f} / {statistics.median(vals):.2f} / {max(vals):.2f} "
+            f"| {statistics.median(vals) / base:.2f} |"
+        )
     return 0
 
 

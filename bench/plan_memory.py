@@ -34,12 +34,11 @@ def main() -> int:
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    from pipeline import execution, plan
-    from pipeline.config import resolve_config
-    from pipeline.graph import split_decisions
+    from maskray.pipeline import execution, plan
+    from maskray.pipeline.config import resolve_config
+    from maskray.pipeline.graph import split_decisions
 
-    cfg = resolve_config({"input": args.list_file, "output": "/tmp/maskray-plan-memory", "progress": False},
-                         environ={})
+    cfg = resolve_config({"input": args.list_file, "output": "/tmp/maskray-plan-memory", "progress": False}, environ={})
     execution.configure_data_context(cfg)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     spec = plan.check_input(cfg.input, cfg.output, {})

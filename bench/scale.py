@@ -35,9 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.latency_proxy import LatencyProxy  # noqa: E402
-from operators.session import U2NETP_MD5  # noqa: E402
-from pipeline.config import DEFAULT_MODEL  # noqa: E402
-from pipeline.rows import MANIFEST_SCHEMA, TIME_COLUMNS, fingerprint  # noqa: E402
+from maskray.pipeline.rows import MANIFEST_SCHEMA, TIME_COLUMNS, fingerprint  # noqa: E402
+from maskray.pipeline.weights import U2NETP_MD5, default_model  # noqa: E402
 
 PHOTO = ROOT / "samples" / "chelsea.jpg"
 PER_FOLDER = 1000
@@ -78,13 +77,25 @@ def done_manifest(output: str, sources: list[str] | None, listing: Path | None, 
     now = time.time()
     step = 100_000
     for i in range(0, len(names), step):
-        chunk = names[i:i + step]
+        chunk = names[i : i + step]
         k = len(chunk)
-        cols = {"source": chunk, "output": [None] * k, "cutout": [None] * k, "status": ["ok"] * k,
-                "error_kind": [None] * k, "error": [None] * k, "fingerprint": [fp] * k,
-                "width": np.full(k, 451), "height": np.full(k, 300), "input_bytes": np.full(k, 1000),
-                "node": ["n"] * k, "actor": ["a"] * k, **{c: np.ones(k, np.float32) for c in TIME_COLUMNS},
-                "started_at": np.full(k, now - 10.0), "finished_at": np.full(k, now - 5.0)}
+        cols = {
+            "source": chunk,
+            "output": [None] * k,
+            "cutout": [None] * k,
+            "status": ["ok"] * k,
+            "error_kind": [None] * k,
+            "error": [None] * k,
+            "fingerprint": [fp] * k,
+            "width": np.full(k, 451),
+            "height": np.full(k, 300),
+            "input_bytes": np.full(k, 1000),
+            "node": ["n"] * k,
+            "actor": ["a"] * k,
+            **{c: np.ones(k, np.float32) for c in TIME_COLUMNS},
+            "started_at": np.full(k, now - 10.0),
+            "finished_at": np.full(k, now - 5.0),
+        }
         table = pa.table({f.name: pa.array(cols[f.name], f.type) for f in MANIFEST_SCHEMA})
         name = f"{output}/_manifest/done/part-synthetic-{i // step:06d}.parquet"
         if fs is None:
@@ -117,12 +128,18 @@ def first_mask_exists(out: str, fs=None) -> bool:
     return False
 
 
-def launch(args: list[str], env: dict[str, str], stop_at_first_mask: str | None, fs=None,
-           timeout: float = 1800) -> dict:
+def launch(
+    args: list[str], env: dict[str, str], stop_at_first_mask: str | None, fs=None, timeout: float = 1800
+) -> dict:
     """Run maskray; sample the driver's VmHWM; stop it with SIGINT once a mask exists (if asked)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen([MASKRAY, *args, "--no-progress"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [MASKRAY, *args, "--no-progress"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     hwm, first = 0.0, None
     while proc.poll() is None and time.monotonic() - t0 < timeout:
         hwm = max(hwm, vm_hwm_mb(proc.pid))
@@ -136,8 +153,13 @@ def launch(args: list[str], env: dict[str, str], stop_at_first_mask: str | None,
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     err = proc.stderr.read().decode(errors="replace")[-600:]
-    return {"first_mask_s": first, "wall_s": time.monotonic() - t0, "driver_peak_rss_mb": hwm,
-            "exit": proc.returncode, "stderr_tail": err}
+    return {
+        "first_mask_s": first,
+        "wall_s": time.monotonic() - t0,
+        "driver_peak_rss_mb": hwm,
+        "exit": proc.returncode,
+        "stderr_tail": err,
+    }
 
 
 def summary_of(out: str, fs=None) -> dict:
@@ -161,10 +183,20 @@ def bench_local(work: Path, n: int, env: dict[str, str]) -> list[dict]:
         done_manifest(str(out), sources, listing if kind == "list" else None)
         rerun = launch(["run", "--input", input_uri, "--output", str(out)], env, None)
         s = summary_of(str(out))
-        rows.append({"where": "local", "input": kind, "inputs": n, **{f"first_{k}": v for k, v in first.items()},
-                     "rerun_s": rerun["wall_s"], "rerun_exit": rerun["exit"], "rerun_skipped": s["skipped"],
-                     "rerun_skips_per_s": s["skipped"] / rerun["wall_s"],
-                     "rerun_driver_peak_rss_mb": rerun["driver_peak_rss_mb"], "rerun_plan_s": s["cluster"]["plan_s"]})
+        rows.append(
+            {
+                "where": "local",
+                "input": kind,
+                "inputs": n,
+                **{f"first_{k}": v for k, v in first.items()},
+                "rerun_s": rerun["wall_s"],
+                "rerun_exit": rerun["exit"],
+                "rerun_skipped": s["skipped"],
+                "rerun_skips_per_s": s["skipped"] / rerun["wall_s"],
+                "rerun_driver_peak_rss_mb": rerun["driver_peak_rss_mb"],
+                "rerun_plan_s": s["cluster"]["plan_s"],
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -186,7 +218,7 @@ def bench_gcs(work: Path, n: int, env: dict[str, str], delay_ms: float) -> list[
     proxy = LatencyProxy(server.url, delay_s=delay_ms / 1000)
     try:
         os.environ["STORAGE_EMULATOR_HOST"] = server.url
-        from operators import storage
+        from maskray.operators import storage
 
         fs = storage.filesystem("gs://x", {"endpoint_url": server.url})  # this server's own client
         bucket = "scale-bench"
@@ -194,7 +226,7 @@ def bench_gcs(work: Path, n: int, env: dict[str, str], delay_ms: float) -> list[
         data = tiny_png()
         names = [f"{bucket}/in/d{i // PER_FOLDER:04d}/img{i:07d}.png" for i in range(n)]
         for i in range(0, n, 2000):
-            fs.pipe({p: data for p in names[i:i + 2000]})
+            fs.pipe({p: data for p in names[i : i + 2000]})
         env = {**env, "STORAGE_EMULATOR_HOST": proxy.url}
         out = f"gs://{bucket}/out"
         proxy.reset()
@@ -204,12 +236,21 @@ def bench_gcs(work: Path, n: int, env: dict[str, str], delay_ms: float) -> list[
         proxy.reset()
         rerun = launch(["run", "--input", f"gs://{bucket}/in", "--output", out], env, None)
         s = summary_of(out, fs)
-        row = {"where": f"gcs emulator (+{delay_ms:g} ms per request)", "input": "prefix", "inputs": n,
-               **{f"first_{k}": v for k, v in first.items()}, "first_requests": first_counts,
-               "rerun_s": rerun["wall_s"], "rerun_exit": rerun["exit"], "rerun_skipped": s["skipped"],
-               "rerun_skips_per_s": s["skipped"] / rerun["wall_s"],
-               "rerun_driver_peak_rss_mb": rerun["driver_peak_rss_mb"], "rerun_requests": dict(proxy.counts),
-               "rerun_requests_per_input": sum(proxy.counts.values()) / n, "rerun_plan_s": s["cluster"]["plan_s"]}
+        row = {
+            "where": f"gcs emulator (+{delay_ms:g} ms per request)",
+            "input": "prefix",
+            "inputs": n,
+            **{f"first_{k}": v for k, v in first.items()},
+            "first_requests": first_counts,
+            "rerun_s": rerun["wall_s"],
+            "rerun_exit": rerun["exit"],
+            "rerun_skipped": s["skipped"],
+            "rerun_skips_per_s": s["skipped"] / rerun["wall_s"],
+            "rerun_driver_peak_rss_mb": rerun["driver_peak_rss_mb"],
+            "rerun_requests": dict(proxy.counts),
+            "rerun_requests_per_input": sum(proxy.counts.values()) / n,
+            "rerun_plan_s": s["cluster"]["plan_s"],
+        }
         print(json.dumps(row), flush=True)
         return [row]
     finally:
@@ -235,7 +276,7 @@ def latency_ab(work: Path, n: int, env: dict[str, str], delay_ms: float, rounds:
     rows = []
     try:
         os.environ["STORAGE_EMULATOR_HOST"] = server.url
-        from operators import storage
+        from maskray.operators import storage
 
         fs = storage.filesystem("gs://x", {"endpoint_url": server.url})  # this server's own client
         fs.mkdir("latency")
@@ -247,9 +288,18 @@ def latency_ab(work: Path, n: int, env: dict[str, str], delay_ms: float, rounds:
                 proxy.reset()
                 res = launch(["run", "--input", "gs://latency/in", "--output", out, "--io-threads", threads], env, None)
                 s = summary_of(out, fs)
-                rows.append({"io_threads": int(threads), "round": r, "images": s["ok"], "wall_s": res["wall_s"],
-                             "images_per_second": s["images_per_second"], "pool_utilisation": pool_utilisation(s),
-                             "peak_gets_in_flight": proxy.peak["get"], "peak_writes_in_flight": proxy.peak["write"]})
+                rows.append(
+                    {
+                        "io_threads": int(threads),
+                        "round": r,
+                        "images": s["ok"],
+                        "wall_s": res["wall_s"],
+                        "images_per_second": s["images_per_second"],
+                        "pool_utilisation": pool_utilisation(s),
+                        "peak_gets_in_flight": proxy.peak["get"],
+                        "peak_writes_in_flight": proxy.peak["write"],
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         proxy.stop()
@@ -258,24 +308,33 @@ def latency_ab(work: Path, n: int, env: dict[str, str], delay_ms: float, rounds:
 
 
 def latency_table(rows: list[dict], delay_ms: float) -> str:
-    lines = [f"| io threads (+{delay_ms:g} ms per request) | round | images | img/s | pool utilisation | "
-             "peak GETs in flight | peak writes in flight |", "| " + " | ".join(["---"] * 7) + " |"]
+    lines = [
+        f"| io threads (+{delay_ms:g} ms per request) | round | images | img/s | pool utilisation | "
+        "peak GETs in flight | peak writes in flight |",
+        "| " + " | ".join(["---"] * 7) + " |",
+    ]
     for r in rows:
-        lines.append(f"| {r['io_threads']} | {r['round']} | {r['images']} | {r['images_per_second']:.2f} | "
-                     f"{r['pool_utilisation']:.2f} | {r['peak_gets_in_flight']} | {r['peak_writes_in_flight']} |")
+        lines.append(
+            f"| {r['io_threads']} | {r['round']} | {r['images']} | {r['images_per_second']:.2f} | "
+            f"{r['pool_utilisation']:.2f} | {r['peak_gets_in_flight']} | {r['peak_writes_in_flight']} |"
+        )
     return "\n".join(lines)
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| where | input | inputs | first mask s | driver peak RSS MB | re-run of the done catalog s | "
-            "skips/s | re-run driver peak RSS MB | requests per input (re-run) |")
+    head = (
+        "| where | input | inputs | first mask s | driver peak RSS MB | re-run of the done catalog s | "
+        "skips/s | re-run driver peak RSS MB | requests per input (re-run) |"
+    )
     lines = [head, "| " + " | ".join(["---"] * 9) + " |"]
     for r in rows:
         req = f"{r['rerun_requests_per_input']:.4f}" if "rerun_requests_per_input" in r else "-"
         first = f"{r['first_first_mask_s']:.1f}" if r["first_first_mask_s"] else "none"
-        lines.append(f"| {r['where']} | {r['input']} | {r['inputs']:,} | {first} | "
-                     f"{r['first_driver_peak_rss_mb']:.0f} | {r['rerun_s']:.1f} | {r['rerun_skips_per_s']:,.0f} | "
-                     f"{r['rerun_driver_peak_rss_mb']:.0f} | {req} |")
+        lines.append(
+            f"| {r['where']} | {r['input']} | {r['inputs']:,} | {first} | "
+            f"{r['first_driver_peak_rss_mb']:.0f} | {r['rerun_s']:.1f} | {r['rerun_skips_per_s']:,.0f} | "
+            f"{r['rerun_driver_peak_rss_mb']:.0f} | {req} |"
+        )
     return "\n".join(lines)
 
 
@@ -285,12 +344,16 @@ def main() -> int:
     ap.add_argument("--gcs-size", type=int, default=100_000, help="0 skips the emulator")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added to every emulator request")
     ap.add_argument("--work", default=None, help="where the catalogs go (default: a temp folder)")
-    ap.add_argument("--latency-images", type=int, default=96,
-                    help="images masked from the emulator at --latency-delay-ms, io threads 1 vs 16; 0 skips")
+    ap.add_argument(
+        "--latency-images",
+        type=int,
+        default=96,
+        help="images masked from the emulator at --latency-delay-ms, io threads 1 vs 16; 0 skips",
+    )
     ap.add_argument("--latency-delay-ms", type=float, default=50.0)
     ap.add_argument("--latency-rounds", type=int, default=2)
     args = ap.parse_args()
-    if not Path(DEFAULT_MODEL).exists():
+    if not Path(default_model()).exists():
         print("models/u2netp.onnx missing: run make setup", file=sys.stderr)
         return 2
     work = Path(args.work or tempfile.mkdtemp(prefix="maskray-scale-"))

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from operators.preprocess import normalise
-from operators.session import to_small_mask
+from maskray.operators.engines import Engine
+from maskray.operators.preprocess import normalise
+from maskray.operators.session import to_small_mask
 
 CHECK_PHOTOS = Path(__file__).resolve().parent / "check_photos"
 # An fp32 engine must give the reference's masks up to rounding: <= 0.05 grey levels on average.
@@ -30,7 +31,7 @@ def check_tensors() -> np.ndarray:
     return np.concatenate([normalise(np.asarray(Image.open(p).convert("RGB"))) for p in photos])
 
 
-def masks_of(engine, tensors: np.ndarray) -> tuple[np.ndarray, float]:
+def masks_of(engine: Engine, tensors: np.ndarray) -> tuple[np.ndarray, float]:
     """(N x 320 x 320 uint8 masks, seconds per image), timed after a warm-up call of the same
     shape (a dynamic-shape engine prepares each new shape on first use)."""
     engine.infer(tensors)

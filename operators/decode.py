@@ -14,6 +14,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from maskray.operators.errors import one_line
+
 # We enforce our own pixel cap from the header; PIL's own check would raise a different,
 # less informative error at 2x its built-in limit.
 Image.MAX_IMAGE_PIXELS = None
@@ -42,7 +44,7 @@ def open_header(data: bytes, max_pixels: int) -> Image.Image:
     except UnidentifiedImageError:
         raise ImageError("not_an_image", "unrecognised image format") from None
     except Exception as exc:  # noqa: BLE001 - any header failure is this input's problem
-        raise ImageError("decode", f"bad header ({_one_line(exc)})") from None
+        raise ImageError("decode", f"bad header ({one_line(exc, with_type=False)})") from None
     if img.format not in SUPPORTED_FORMATS:
         raise ImageError("unsupported_format", str(img.format))
     width, height = img.size
@@ -57,8 +59,9 @@ def open_header(data: bytes, max_pixels: int) -> Image.Image:
 _SWAPS_AXES = frozenset({5, 6, 7, 8})
 
 
-def decode_for_model(data: bytes, max_pixels: int, reduce_to: tuple[int, int] | None = None
-                     ) -> tuple[Image.Image, tuple[int, int]]:
+def decode_for_model(
+    data: bytes, max_pixels: int, reduce_to: tuple[int, int] | None = None
+) -> tuple[Image.Image, tuple[int, int]]:
     """(RGB image, its full upright size). With ``reduce_to``, a JPEG is decoded at the smallest
     DCT scale (1/2, 1/4, 1/8) that keeps both sides at least that large: 8 vs 81 ms for 12 MP."""
     if reduce_to is None:
@@ -105,11 +108,7 @@ def decode_rgb(data: bytes, max_pixels: int) -> Image.Image:
 
 
 def _decode_reason(exc: Exception) -> str:
-    text = _one_line(exc) or type(exc).__name__
+    text = one_line(exc, with_type=False)
     if "truncated" in text.lower() or isinstance(exc, EOFError):
         return f"truncated image ({text})"
     return text
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]

@@ -10,26 +10,28 @@ import cv2
 import numpy as np
 from PIL import Image
 
-DEFAULT_PNG_LEVEL = 1  # zlib level: lossless either way; higher levels only trade time for size
-
-
 # Masks are smooth top to bottom and mostly runs of 0 or 255: the UP filter with zlib's RLE strategy
 # encoded a 4000x3000 mask in 21 ms instead of 67 ms (libpng's adaptive filters, default strategy),
 # and 36% smaller (`bench/catalog_photos.py`). Lossless either way: the pixels are the same.
-MASK_PNG_PARAMS = [cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FILTER_UP, cv2.IMWRITE_PNG_STRATEGY,
-                   cv2.IMWRITE_PNG_STRATEGY_RLE]
+MASK_PNG_PARAMS = [
+    cv2.IMWRITE_PNG_FILTER,
+    cv2.IMWRITE_PNG_FILTER_UP,
+    cv2.IMWRITE_PNG_STRATEGY,
+    cv2.IMWRITE_PNG_STRATEGY_RLE,
+]
 
 
-def encode_mask_png(mask: np.ndarray, level: int = DEFAULT_PNG_LEVEL) -> bytes:
+def encode_mask_png(mask: np.ndarray, level: int) -> bytes:
     """8-bit single-channel PNG."""
-    ok, buf = cv2.imencode(".png", np.ascontiguousarray(mask, dtype=np.uint8),
-                           [cv2.IMWRITE_PNG_COMPRESSION, level, *MASK_PNG_PARAMS])
+    ok, buf = cv2.imencode(
+        ".png", np.ascontiguousarray(mask, dtype=np.uint8), [cv2.IMWRITE_PNG_COMPRESSION, level, *MASK_PNG_PARAMS]
+    )
     if not ok:
         raise ValueError("encode: OpenCV could not encode the mask")
     return buf.tobytes()
 
 
-def encode_rgba_png(image: Image.Image, level: int = DEFAULT_PNG_LEVEL) -> bytes:
+def encode_rgba_png(image: Image.Image, level: int) -> bytes:
     """RGBA PNG; OpenCV wants BGRA channel order."""
     bgra = cv2.cvtColor(np.asarray(image.convert("RGBA")), cv2.COLOR_RGBA2BGRA)
     ok, buf = cv2.imencode(".png", bgra, [cv2.IMWRITE_PNG_COMPRESSION, level])

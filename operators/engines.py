@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from operators.preprocess import MODEL_SIZE
+from maskray.operators.preprocess import MODEL_SIZE
 
 ENGINES = ("ort", "openvino", "torch")
 PRECISIONS = ("fp32", "bf16")
@@ -75,16 +75,21 @@ class OrtEngine:
     def __init__(self, model: bytes, spec: EngineSpec) -> None:
         import onnxruntime as ort
 
-        from operators import session
+        from maskray.operators import session
 
-        opts = session.SessionOptions(intra_op_threads=spec.threads, inter_op_threads=spec.inter_op_threads,
-                                      graph_optimization=spec.graph_optimization)
+        opts = session.SessionOptions(
+            intra_op_threads=spec.threads,
+            inter_op_threads=spec.inter_op_threads,
+            graph_optimization=spec.graph_optimization,
+        )
         if spec.precision != "fp32":
             raise EngineError(f"engine ort runs fp32 only (asked for {spec.precision})")
         if spec.device == "cuda":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise EngineError("engine ort: this onnxruntime has no CUDAExecutionProvider "
-                                  "(install maskray[cuda], which brings onnxruntime-gpu)")
+                raise EngineError(
+                    "engine ort: this onnxruntime has no CUDAExecutionProvider "
+                    "(install maskray[cuda], which brings onnxruntime-gpu)"
+                )
             # TF32 (cuDNN's default on Ampere and later) gave min IoU 0.51 on this model: strict fp32.
             providers = [("CUDAExecutionProvider", {"use_tf32": 0, "cudnn_conv_algo_search": "EXHAUSTIVE"})]
             self.session = session.make_session(with_dynamic_batch(model), opts, providers=providers)
@@ -97,7 +102,7 @@ class OrtEngine:
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         if self.batched:
-            return self.session.run(None, {self.input_name: batch})[0][:, 0]
+            return np.asarray(self.session.run(None, {self.input_name: batch})[0][:, 0])
         return np.stack([self.session.run(None, {self.input_name: x[np.newaxis]})[0][0, 0] for x in batch])
 
 
@@ -127,7 +132,7 @@ class OpenVinoEngine:
         self.spec, self.version = spec, ov.__version__.split("-")[0]
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        return self.request.infer({0: np.ascontiguousarray(batch)})[self.output][:, 0].copy()
+        return np.array(self.request.infer({0: np.ascontiguousarray(batch)})[self.output][:, 0])
 
 
 def with_dynamic_batch(model: bytes) -> bytes:
@@ -147,7 +152,7 @@ def with_dynamic_batch(model: bytes) -> bytes:
             dims[0].ClearField("dim_value")
             dims[0].dim_param = "batch"
     del proto.graph.value_info[:]
-    return proto.SerializeToString()
+    return bytes(proto.SerializeToString())
 
 
 def open_engine(model: bytes, spec: EngineSpec) -> Engine:
@@ -160,7 +165,7 @@ def open_engine(model: bytes, spec: EngineSpec) -> Engine:
     if spec.name == "openvino":
         return OpenVinoEngine(model, spec)
     if spec.name == "torch":
-        from operators.torch_graph import TorchEngine
+        from maskray.operators.torch_graph import TorchEngine
 
         return TorchEngine(model, spec)
     return OrtEngine(model, spec)

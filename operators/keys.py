@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from operators.storage import protocol_of, strip_protocol
+from maskray.operators.storage import protocol_of, strip_protocol
 
 MASK_DIR = "masks"
 CUTOUT_DIR = "cutouts"
@@ -52,7 +52,7 @@ def relative_to_prefix(source_path: str, prefix_path: str) -> str:
     prefix = prefix_path.rstrip("/") + "/"
     if not source_path.startswith(prefix):
         raise UnsafeKeyError(f"unsafe_key: {source_path!r} is not under {prefix!r}")
-    return source_path[len(prefix):]
+    return source_path[len(prefix) :]
 
 
 def key_for_listed_uri(uri: str) -> str:

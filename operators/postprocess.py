@@ -23,7 +23,7 @@ def resize_mask(small: np.ndarray, size: tuple[int, int], method: str = "lanczos
     grey levels, min IoU 0.9958 on the samples upscaled to 12 MP; `bench/catalog_photos.py`)."""
     if method == "cubic":
         return cv2.resize(small, size, interpolation=cv2.INTER_CUBIC)
-    return np.asarray(Image.fromarray(small, mode="L").resize(size, Image.LANCZOS))
+    return np.asarray(Image.fromarray(small, mode="L").resize(size, Image.Resampling.LANCZOS))
 
 
 def post_process_mask(mask: np.ndarray) -> np.ndarray:

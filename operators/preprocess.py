@@ -17,7 +17,7 @@ STD = (0.229, 0.224, 0.225)
 
 def resize_for_model(rgb: Image.Image, size: tuple[int, int] = MODEL_SIZE) -> np.ndarray:
     """PIL's antialiased Lanczos, as rembg; OpenCV's LANCZOS4 does not antialias on shrink."""
-    return np.asarray(rgb.resize(size, Image.LANCZOS), dtype=np.uint8)
+    return np.asarray(rgb.resize(size, Image.Resampling.LANCZOS), dtype=np.uint8)
 
 
 def normalise(resized: np.ndarray) -> np.ndarray:
@@ -28,4 +28,4 @@ def normalise(resized: np.ndarray) -> np.ndarray:
     peak = float(resized.max())
     scaled = resized / (peak if peak > 0 else 1.0)  # rembg divides by 0 on a black image
     chw = ((scaled - np.asarray(MEAN)) / np.asarray(STD)).transpose(2, 0, 1)
-    return chw[np.newaxis].astype(np.float32)
+    return np.asarray(chw[np.newaxis], dtype=np.float32)

@@ -6,13 +6,11 @@ Input: the model's bytes (so worker nodes need no shared disk) and thread settin
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
-
-U2NETP_MD5 = "8e83ca70e441ab06c318d82300c84806"
 
 # rembg's U2Net-P session: take output 0, channel 0.
 _OUTPUT_INDEX = 0
@@ -35,12 +33,11 @@ _GRAPH_LEVELS = {
 }
 
 
-def md5_hex(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()  # noqa: S324 - identity check against rembg's published md5
-
-
-def make_session(model: bytes, opts: SessionOptions = SessionOptions(),
-                 providers: list | None = None) -> ort.InferenceSession:
+def make_session(
+    model: bytes,
+    opts: SessionOptions = SessionOptions(),
+    providers: Sequence[str | tuple[str, dict[str, object]]] | None = None,
+) -> ort.InferenceSession:
     """A session with explicit threads (CPU unless ``providers`` say otherwise): one
     single-threaded copy per core scales best."""
     so = ort.SessionOptions()
@@ -52,7 +49,7 @@ def make_session(model: bytes, opts: SessionOptions = SessionOptions(),
     # Spinning threads burn a core while idle; with one thread per actor it only matters >1.
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if opts.allow_spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if opts.allow_spinning else "0")
-    return ort.InferenceSession(model, sess_options=so, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(model, sess_options=so, providers=list(providers or ["CPUExecutionProvider"]))
 
 
 def input_precisions(session: ort.InferenceSession) -> set[str]:
@@ -64,7 +61,7 @@ def run_model(session: ort.InferenceSession, tensor: np.ndarray) -> np.ndarray:
     """float32 1x3x320x320 -> the raw 320x320 saliency map (output 0, channel 0)."""
     name = session.get_inputs()[0].name
     out = session.run(None, {name: tensor})[_OUTPUT_INDEX]
-    return out[0, 0]
+    return np.asarray(out[0, 0])
 
 
 def to_small_mask(pred: np.ndarray) -> np.ndarray:

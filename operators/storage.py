@@ -29,15 +29,15 @@ RETRY_BASE_DELAY_S = 0.5
 
 def protocol_of(uri: str) -> str:
     proto, _ = split_protocol(uri)
-    return {None: "file", "gcs": "gs", "s3a": "s3"}.get(proto, proto)
+    return str({None: "file", "gcs": "gs", "s3a": "s3"}.get(proto, proto))
 
 
 def strip_protocol(uri: str) -> str:
     """``gs://b/k`` -> ``b/k``; local paths become absolute."""
     proto, path = split_protocol(uri)
     if protocol_of(uri) == "file":
-        return os.path.abspath(os.path.expanduser(path))
-    return path.strip("/") if proto else path
+        return str(os.path.abspath(os.path.expanduser(path)))
+    return str(path.strip("/") if proto else path)
 
 
 WEB_PROTOCOLS = ("http", "https")
@@ -114,12 +114,12 @@ def with_retries(fn: Callable[[], T], attempts: int = RETRY_ATTEMPTS) -> T:
 
 def read_bytes(uri: str, options: dict[str, Any] | None = None) -> bytes:
     fs = filesystem(uri, options)
-    return with_retries(lambda: fs.cat_file(strip_protocol(uri)))
+    return bytes(with_retries(lambda: fs.cat_file(strip_protocol(uri))))
 
 
 def exists(uri: str, options: dict[str, Any] | None = None) -> bool:
     fs = filesystem(uri, options)
-    return with_retries(lambda: fs.exists(strip_protocol(uri)))
+    return bool(with_retries(lambda: fs.exists(strip_protocol(uri))))
 
 
 def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:

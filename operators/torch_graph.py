@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from operators.engines import EngineError, EngineSpec
+from maskray.operators.engines import EngineError, EngineSpec
 
 SHAPE_OPS = {"Shape", "Gather", "Unsqueeze", "Concat", "Slice", "Cast", "Constant"}
 TENSOR_OPS = {"Conv", "Relu", "MaxPool", "Add", "Concat", "Resize", "Sigmoid"}
@@ -37,15 +37,25 @@ class TorchEngine:
         unknown = {n.op_type for n in graph.node} - SHAPE_OPS - TENSOR_OPS
         if unknown:
             raise EngineError(f"engine torch does not implement {', '.join(sorted(unknown))}")
-        self.weights = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()).to(self.device)
-                        for t in graph.initializer}
-        self.nodes = [(n.op_type, list(n.input), list(n.output),
-                       {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}) for n in graph.node]
+        self.weights = {
+            t.name: torch.from_numpy(numpy_helper.to_array(t).copy()).to(self.device) for t in graph.initializer
+        }
+        self.nodes = [
+            (
+                n.op_type,
+                list(n.input),
+                list(n.output),
+                {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
+            )
+            for n in graph.node
+        ]
         self.input_name, self.output_name = graph.input[0].name, graph.output[0].name
         # Free each activation after its last reader: kept all, batch 256 needs >130 GiB.
         last_use = {name: i for i, (_, inputs, _, _) in enumerate(self.nodes) for name in inputs}
-        self.dead_after = [[n for n in inputs if last_use.get(n) == i and n not in self.weights
-                            and n != self.output_name] for i, (_, inputs, _, _) in enumerate(self.nodes)]
+        self.dead_after = [
+            [n for n in inputs if last_use.get(n) == i and n not in self.weights and n != self.output_name]
+            for i, (_, inputs, _, _) in enumerate(self.nodes)
+        ]
         self.spec, self.version = spec, torch.__version__
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
@@ -53,7 +63,7 @@ class TorchEngine:
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(batch)).to(self.device, non_blocking=True)
             out = self.forward(x)
-            return out[:, 0].float().cpu().numpy()
+            return np.asarray(out[:, 0].float().cpu().numpy())
 
     def forward(self, x: Any) -> Any:
         values: dict[str, Any] = {**self.weights, self.input_name: x}
@@ -70,9 +80,15 @@ class TorchEngine:
             pads = attrs.get("pads", [0, 0, 0, 0])
             if pads[:2] != pads[2:]:
                 raise EngineError("engine torch: asymmetric Conv padding")
-            return functional.conv2d(args[0], args[1], args[2] if len(args) > 2 else None,
-                                     stride=attrs.get("strides", 1), padding=pads[:2],
-                                     dilation=attrs.get("dilations", 1), groups=attrs.get("group", 1))
+            return functional.conv2d(
+                args[0],
+                args[1],
+                args[2] if len(args) > 2 else None,
+                stride=attrs.get("strides", 1),
+                padding=pads[:2],
+                dilation=attrs.get("dilations", 1),
+                groups=attrs.get("group", 1),
+            )
         if op == "Relu":
             return self.torch.relu(args[0])
         if op == "Sigmoid":
@@ -80,9 +96,13 @@ class TorchEngine:
         if op == "Add":
             return args[0] + args[1]
         if op == "MaxPool":
-            return functional.max_pool2d(args[0], attrs["kernel_shape"], attrs.get("strides"),
-                                         padding=attrs.get("pads", [0, 0, 0, 0])[:2],
-                                         ceil_mode=bool(attrs.get("ceil_mode", 0)))
+            return functional.max_pool2d(
+                args[0],
+                attrs["kernel_shape"],
+                attrs.get("strides"),
+                padding=attrs.get("pads", [0, 0, 0, 0])[:2],
+                ceil_mode=bool(attrs.get("ceil_mode", 0)),
+            )
         if op == "Resize":
             return self.resize(args, attrs)
         if op == "Concat":
@@ -100,8 +120,9 @@ class TorchEngine:
         if sizes is None:
             raise EngineError("engine torch: Resize by scales not implemented")
         # pytorch_half_pixel == half_pixel for outputs larger than one pixel, i.e. align_corners=False.
-        return self.torch.nn.functional.interpolate(args[0], size=tuple(int(s) for s in sizes[2:]),
-                                                    mode="bilinear", align_corners=False)
+        return self.torch.nn.functional.interpolate(
+            args[0], size=tuple(int(s) for s in sizes[2:]), mode="bilinear", align_corners=False
+        )
 
 
 def shape_op(op: str, args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
@@ -113,13 +134,13 @@ def shape_op(op: str, args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
     if op == "Shape":
         return np.asarray(args[0].shape, dtype=np.int64)
     if op == "Gather":
-        return np.take(args[0], args[1], axis=attrs.get("axis", 0))
+        return np.asarray(np.take(args[0], args[1], axis=attrs.get("axis", 0)))
     if op == "Unsqueeze":
         return np.expand_dims(args[0], tuple(attrs["axes"]))
     if op == "Cast":
         from onnx import helper
 
-        return args[0].astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+        return np.asarray(args[0], dtype=helper.tensor_dtype_to_np_dtype(attrs["to"]))
     if op == "Slice":
         data, starts, ends = args[0], args[1], args[2]
         axes = args[3] if len(args) > 3 and args[3] is not None else np.arange(len(starts))
@@ -127,5 +148,5 @@ def shape_op(op: str, args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
         index = [slice(None)] * data.ndim
         for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
             index[int(axis)] = slice(int(start), int(min(end, np.iinfo(np.int64).max)), int(step))
-        return data[tuple(index)]
+        return np.asarray(data[tuple(index)])
     raise EngineError(f"engine torch does not implement {op}")

@@ -15,34 +15,45 @@ import re
 import sys
 from typing import Any
 
-from pipeline.config import ConfigError, RunConfig, redact_text, redact_uri, resolve_config
+from maskray.pipeline.config import ConfigError, RunConfig, redact_text, redact_uri, resolve_config
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL, EXIT_RECORD = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (pipeline.execution)
+EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (maskray.pipeline.execution)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file with any of the options below; flags override it")
     p.add_argument("--input", help="gs://, s3:// or local prefix, or a .txt/.csv/.parquet list of URIs")
     p.add_argument("--output", help="gs://, s3:// or local prefix")
-    p.add_argument("--model", help="path or URI of u2netp.onnx (default: models/u2netp.onnx)")
+    p.add_argument("--model", help="path or URI of u2netp.onnx (default: the user cache, fetched on first use)")
     p.add_argument("--model-md5", help="expected md5; 'none' skips the check")
     p.add_argument("--format", choices=["mask", "cutout", "both"])
     p.add_argument("--bgcolor", help="R,G,B,A background for cutouts")
     p.add_argument("--post-process-mask", "-ppm", action="store_const", const=True, help="rembg's -ppm")
     p.add_argument("--overwrite", action="store_const", const=True, help="redo inputs that already have masks")
-    p.add_argument("--allow-local-sources", action="store_const", const=True,
-                   help="let a list read from a bucket name local paths (each worker reads its own disk)")
-    p.add_argument("--force", action="store_const", const=True,
-                   help="run even if another run holds the output's lease (it must not be running)")
+    p.add_argument(
+        "--allow-local-sources",
+        action="store_const",
+        const=True,
+        help="let a list read from a bucket name local paths (each worker reads its own disk)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_const",
+        const=True,
+        help="run even if another run holds the output's lease (it must not be running)",
+    )
     p.add_argument("--pool-size", type=int, help="inference actors (default: the cluster's CPUs)")
     p.add_argument("--cpus-per-actor", type=float)
     p.add_argument("--intra-op-threads", type=int)
     p.add_argument("--inter-op-threads", type=int)
     p.add_argument("--graph-optimization", choices=["disable", "basic", "extended", "all"])
     p.add_argument("--batch-size", type=int, help="images per inference call (default 4 on CPU, 64 on CUDA)")
-    p.add_argument("--engine", choices=["auto", "ort", "openvino", "torch"],
-                   help="auto (default): the fastest installed engine whose masks agree with ort's")
+    p.add_argument(
+        "--engine",
+        choices=["auto", "ort", "openvino", "torch"],
+        help="auto (default): the fastest installed engine whose masks agree with ort's",
+    )
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 needs avx512_bf16/amx_bf16 hardware")
     p.add_argument("--device", choices=["cpu", "cuda"], help="cuda: the inference pool runs on GPUs")
     p.add_argument("--gpus-per-actor", type=float, help="GPU share of each inference actor (default 0.5)")
@@ -50,10 +61,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-cpus", type=float)
     p.add_argument("--max-pixels", type=int)
     p.add_argument("--png-level", type=int)
-    p.add_argument("--mask-resize", choices=["cubic", "lanczos"],
-                   help="mask upscale: cubic (default, fast) or lanczos (rembg's exact masks, with --engine ort)")
-    p.add_argument("--fast-decode", action="store_const", const=True,
-                   help="decode JPEGs at a reduced scale for the model: much cheaper at 12 MP, masks differ more")
+    p.add_argument(
+        "--mask-resize",
+        choices=["cubic", "lanczos"],
+        help="mask upscale: cubic (default, fast) or lanczos (rembg's exact masks, with --engine ort)",
+    )
+    p.add_argument(
+        "--fast-decode",
+        action="store_const",
+        const=True,
+        help="decode JPEGs at a reduced scale for the model: much cheaper at 12 MP, masks differ more",
+    )
     p.add_argument("--io-threads", type=int, help="concurrent storage requests per worker (default 16)")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--num-cpus", type=int, help="CPUs for a locally started Ray")
@@ -81,14 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("output")
     report.add_argument("--price-per-hour", type=float, help="$/h of the machines (default: published c4d rate)")
     report.add_argument("--endpoint-url")
-    fetch = sub.add_parser("fetch-model", help="download and verify u2netp.onnx")
+    fetch = sub.add_parser("fetch-model", help="download and verify u2netp.onnx into the user cache (or --dest)")
     fetch.add_argument("--dest", default=None)
     return parser
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.report import print_summary
-    from pipeline.run import execute
+    from maskray.pipeline.report import print_summary
+    from maskray.pipeline.run import execute
 
     flags = flags_from_args(args)
     cfg = resolve_config(flags, args.config)
@@ -124,25 +142,30 @@ def refuse_shipped_credentials(cfg: RunConfig) -> None:
     in_uri = [n for n in ("input", "output", "model") if redact_uri(getattr(cfg, n)) != getattr(cfg, n)]
     if secret or in_uri:
         what = ", ".join([*(f"storage_options.{k}" for k in secret), *(f"credentials in {n}" for n in in_uri)])
-        raise ConfigError(f"submit: {what} would be stored with the job; give the cluster's nodes a service "
-                          "account or set the credentials in their environment (see cluster/README.md)")
+        raise ConfigError(
+            f"submit: {what} would be stored with the job; give the cluster's nodes a service "
+            "account or set the credentials in their environment (see cluster/README.md)"
+        )
 
 
 def cmd_submit(args: argparse.Namespace, argv: list[str]) -> int:
     import os
 
-    from pipeline.submit import submit
+    from maskray.pipeline.submit import submit
+    from maskray.pipeline.weights import default_model
 
     address = args.address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise ConfigError("submit: no cluster address: pass --address http://HEAD:8265 or set RAY_ADDRESS")
     cfg = resolve_config(flags_from_args(args) | {"address": None}, args.config)  # fail fast, locally
     refuse_shipped_credentials(cfg)
-    return submit(address, run_argv_for_job(argv[1:]), args.config, args.model, pip=args.pip, wait=args.wait)
+    return submit(
+        address, run_argv_for_job(argv[1:]), args.config, cfg.model == default_model(), pip=args.pip, wait=args.wait
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipeline.report import write_report
+    from maskray.pipeline.report import write_report
 
     opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
     try:
@@ -153,10 +176,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> int:
-    from pipeline.config import DEFAULT_MODEL
-    from pipeline.model import fetch_model
+    from maskray.pipeline.weights import fetch_model
 
-    print(fetch_model(args.dest or DEFAULT_MODEL))
+    print(fetch_model(args.dest))
     return EXIT_OK
 
 
@@ -169,7 +191,7 @@ def redact_record(record: logging.LogRecord) -> bool:
 class StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is now (a notebook or a test may swap it after set-up)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):
         return sys.stderr
 
@@ -193,17 +215,19 @@ def configure_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
 
-def record_error(exc: BaseException) -> str | None:
+def record_error(exc: BaseException | None) -> str | None:
     """The RecordError behind ``exc`` (raised here, or in a write task and wrapped by Ray), if any."""
-    from pipeline.manifest import RecordError
+    from maskray.pipeline.manifest import RecordError
 
-    seen = set()
+    seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, RecordError):
             text = str(exc).strip().splitlines()
-            return next((line.split("RecordError: ", 1)[-1] for line in reversed(text) if "cannot write" in line),
-                        text[-1] if text else "cannot write the run's record")
+            return next(
+                (line.split("RecordError: ", 1)[-1] for line in reversed(text) if "cannot write" in line),
+                text[-1] if text else "cannot write the run's record",
+            )
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -223,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         record = record_error(exc)
         if record is None:
             raise
-        print(f"maskray: {redact_text(record)}; masks written without a row are redone by the next run",
-              file=sys.stderr)
+        print(
+            f"maskray: {redact_text(record)}; masks written without a row are redone by the next run", file=sys.stderr
+        )
         return EXIT_RECORD
     except KeyboardInterrupt:
         print("maskray: interrupted; re-run the same command to resume", file=sys.stderr)

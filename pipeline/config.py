@@ -15,11 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from operators.keys import redact_uri_credentials
-from operators.session import U2NETP_MD5
+from maskray.operators.errors import one_line
+from maskray.operators.keys import redact_uri_credentials
+from maskray.pipeline.weights import U2NETP_MD5, default_model
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = str(PROJECT_ROOT / "models" / "u2netp.onnx")
 ENV_PREFIX = "MASKRAY_"
 
 
@@ -32,7 +31,10 @@ class RunConfig(BaseModel):
 
     input: str = Field(description="gs://, s3:// or local prefix, or a .txt/.csv/.parquet list of URIs")
     output: str = Field(description="gs://, s3:// or local prefix for masks, manifest and summary")
-    model: str = Field(DEFAULT_MODEL, description="path or URI of the U2Net-P ONNX file")
+    model: str = Field(
+        default_factory=default_model,
+        description="path or URI of the U2Net-P ONNX file; default: the user cache (fetched on first use)",
+    )
     model_md5: str | None = Field(U2NETP_MD5, description="expected md5 of the model; null skips the check")
     format: Literal["mask", "cutout", "both"] = "mask"
     bgcolor: tuple[int, int, int, int] | None = None
@@ -46,10 +48,16 @@ class RunConfig(BaseModel):
     intra_op_threads: int = Field(1, ge=1, le=256)
     inter_op_threads: int = Field(1, ge=1, le=256)
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
-    batch_size: int = Field(None, ge=1, le=4096, validate_default=False,  # type: ignore[assignment]
-                            description="images per inference call; default 4 on CPU, 64 on CUDA")
+    batch_size: int = Field(
+        None,
+        ge=1,
+        le=4096,
+        validate_default=False,  # type: ignore[assignment]
+        description="images per inference call; default 4 on CPU, 64 on CUDA",
+    )
     engine: Literal["auto", "ort", "openvino", "torch"] = Field(
-        "auto", description="inference engine; auto: the fastest installed one whose masks agree with ort's")
+        "auto", description="inference engine; auto: the fastest installed one whose masks agree with ort's"
+    )
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: CPUs with avx512_bf16/amx_bf16 only")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cuda: the inference pool runs on GPUs")
     gpus_per_actor: float = Field(0.5, gt=0, le=8, description="GPU share of each inference actor (cuda)")
@@ -59,9 +67,13 @@ class RunConfig(BaseModel):
     max_bytes: int = Field(256 * 1024 * 1024, ge=1, description="refuse larger files before fetching")
     png_level: int = Field(1, ge=0, le=9)
     mask_resize: Literal["cubic", "lanczos"] = Field(
-        "cubic", description="mask upscale: cubic (fast, within the agreement gate) or lanczos (rembg's exact path)")
-    fast_decode: bool = Field(False, description="decode JPEGs at a reduced DCT scale for the model (outside "
-                              "the agreement gate: min IoU 0.96 on one 12 MP photo)")
+        "cubic", description="mask upscale: cubic (fast, within the agreement gate) or lanczos (rembg's exact path)"
+    )
+    fast_decode: bool = Field(
+        False,
+        description="decode JPEGs at a reduced DCT scale for the model (outside "
+        "the agreement gate: min IoU 0.96 on one 12 MP photo)",
+    )
     io_threads: int = Field(16, ge=1, le=256, description="concurrent storage requests per worker process")
 
     address: str | None = Field(None, description="Ray address; default RAY_ADDRESS or a local Ray")
@@ -126,7 +138,7 @@ def _env_values(environ: dict[str, str]) -> dict[str, Any]:
     fields = RunConfig.model_fields
     out: dict[str, Any] = {}
     for key, value in environ.items():
-        name = key[len(ENV_PREFIX):].lower() if key.startswith(ENV_PREFIX) else None
+        name = key[len(ENV_PREFIX) :].lower() if key.startswith(ENV_PREFIX) else None
         if name in fields:
             out[name] = yaml.safe_load(value) if name == "storage_options" else value
     return out
@@ -138,7 +150,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
+        raise ConfigError(f"config file {path}: not valid YAML ({one_line(exc, with_type=False, limit=160)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

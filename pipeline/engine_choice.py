@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from operators import agreement
-from operators.engines import (
+from maskray.operators import agreement
+from maskray.operators.engines import (
     ENGINES,
     EngineError,
     EngineSpec,
@@ -28,8 +28,9 @@ from operators.engines import (
     open_engine,
     user_cache_dir,
 )
-from pipeline.config import ConfigError, RunConfig
-from pipeline.sysinfo import BF16_FLAGS, cpu_flags, cpu_model
+from maskray.operators.errors import one_line
+from maskray.pipeline.config import ConfigError, RunConfig
+from maskray.pipeline.sysinfo import BF16_FLAGS, cpu_flags, cpu_model
 
 log = logging.getLogger("maskray")
 
@@ -53,9 +54,15 @@ class EngineChoice:
 
 
 def base_spec(cfg: RunConfig, name: str) -> EngineSpec:
-    return EngineSpec(name=name, precision=cfg.precision, device=cfg.device, threads=cfg.intra_op_threads,
-                      inter_op_threads=cfg.inter_op_threads, graph_optimization=cfg.graph_optimization,
-                      cache_dir=default_cache_dir())
+    return EngineSpec(
+        name=name,
+        precision=cfg.precision,
+        device=cfg.device,
+        threads=cfg.intra_op_threads,
+        inter_op_threads=cfg.inter_op_threads,
+        graph_optimization=cfg.graph_optimization,
+        cache_dir=default_cache_dir(),
+    )
 
 
 def check_precision(cfg: RunConfig, flags: tuple[str, ...] | None = None) -> None:
@@ -66,8 +73,10 @@ def check_precision(cfg: RunConfig, flags: tuple[str, ...] | None = None) -> Non
         raise ConfigError("precision bf16: only on the CPU (GPU inference runs strict fp32)")
     have = set(cpu_flags() if flags is None else flags)
     if not have & set(BF16_FLAGS):
-        raise ConfigError(f"precision bf16: this CPU has neither {' nor '.join(BF16_FLAGS)} "
-                          "(emulated bf16 runs ~20x slower than fp32); use --precision fp32")
+        raise ConfigError(
+            f"precision bf16: this CPU has neither {' nor '.join(BF16_FLAGS)} "
+            "(emulated bf16 runs ~20x slower than fp32); use --precision fp32"
+        )
     if cfg.engine == "ort":
         raise ConfigError("precision bf16: engine ort runs fp32 only; use --engine openvino or auto")
 
@@ -95,8 +104,10 @@ def check_local_cuda(cfg: RunConfig) -> None:
         found = []
     if not found:
         which = "" if cfg.engine == "auto" else f" for engine {cfg.engine}"
-        raise ConfigError(f"device cuda: no CUDA device usable{which} on this machine (onnxruntime-gpu's "
-                          "CUDAExecutionProvider or PyTorch with CUDA); use --device cpu")
+        raise ConfigError(
+            f"device cuda: no CUDA device usable{which} on this machine (onnxruntime-gpu's "
+            "CUDAExecutionProvider or PyTorch with CUDA); use --device cpu"
+        )
 
 
 def describe(checks: dict[str, str]) -> str:
@@ -106,8 +117,19 @@ def describe(checks: dict[str, str]) -> str:
 def choice_key(cfg: RunConfig, model_md5: str) -> str:
     """What decides the choice: the model, the engines' versions, this CPU and the settings."""
     versions = {n: _version(DISTRIBUTIONS[n]) for n in ENGINES}
-    parts = [model_md5, cfg.engine, cfg.precision, cfg.device, cfg.intra_op_threads, cfg.inter_op_threads,
-             cfg.graph_optimization, sorted(versions.items()), cpu_model(), sorted(cpu_flags()), CHECK_VERSION]
+    parts = [
+        model_md5,
+        cfg.engine,
+        cfg.precision,
+        cfg.device,
+        cfg.intra_op_threads,
+        cfg.inter_op_threads,
+        cfg.graph_optimization,
+        sorted(versions.items()),
+        cpu_model(),
+        sorted(cpu_flags()),
+        CHECK_VERSION,
+    ]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
@@ -169,7 +191,7 @@ def choose_engine(cfg: RunConfig, model: bytes) -> EngineChoice:
             checks[name] = str(exc)
             continue
         except Exception as exc:  # noqa: BLE001 - an engine that breaks is not chosen, and says why
-            checks[name] = f"failed to run ({' '.join(str(exc).split())[:160]})"
+            checks[name] = f"failed to run ({one_line(exc, with_type=False, limit=160)})"
             continue
         verdict = "agrees" if found.passes(cfg.precision) else "disagrees"
         checks[name] = f"{verdict}: {found.describe()}"
@@ -177,8 +199,10 @@ def choose_engine(cfg: RunConfig, model: bytes) -> EngineChoice:
             passed.append((found.seconds_per_image, spec, engine.version))
     if not passed:
         detail = describe(checks) or "no engine installed"
-        raise ConfigError(f"engine {cfg.engine} ({cfg.precision}): no engine passed the agreement check "
-                          f"with ONNX Runtime fp32 ({detail})")
+        raise ConfigError(
+            f"engine {cfg.engine} ({cfg.precision}): no engine passed the agreement check "
+            f"with ONNX Runtime fp32 ({detail})"
+        )
     _, spec, version = min(passed, key=lambda p: p[0])
     log.info("engine %s %s chosen (%s)", spec.label, version, describe(checks))
     return EngineChoice(spec, version, reference, checks)

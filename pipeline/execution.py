@@ -15,10 +15,10 @@ from typing import Any
 import ray
 from ray.data import DataContext
 
-from pipeline import plan
-from pipeline.config import ConfigError, RunConfig
-from pipeline.engine_choice import EngineChoice
-from pipeline.graph import (
+from maskray.pipeline import plan, sizing
+from maskray.pipeline.config import ConfigError, RunConfig
+from maskray.pipeline.engine_choice import EngineChoice
+from maskray.pipeline.graph import (
     LIGHT_CPUS,
     GraphSpec,
     decided_graph,
@@ -27,17 +27,22 @@ from pipeline.graph import (
     prepared_batch_bytes,
     split_decisions,
 )
-from pipeline.model import LoadedModel
-from pipeline.plan import InputSpec
-from pipeline.sink import ManifestSink
-from pipeline.stages import StageSettings
+from maskray.pipeline.model import LoadedModel
+from maskray.pipeline.plan import InputSpec
+from maskray.pipeline.sink import ManifestSink
+from maskray.pipeline.sizing import Reservations
+from maskray.pipeline.stages import StageSettings
 
 log = logging.getLogger("maskray")
 
 # Env vars that tell storage clients where an emulator or custom endpoint is; workers on a
 # remote cluster need them too (a local Ray's workers inherit the driver's environment).
-ENDPOINT_ENV_VARS = ("STORAGE_EMULATOR_HOST", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                     "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+ENDPOINT_ENV_VARS = (
+    "STORAGE_EMULATOR_HOST",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+)
 
 
 def endpoint_env() -> dict[str, str]:
@@ -54,30 +59,23 @@ def connect(cfg: RunConfig, env_vars: dict[str, str]) -> bool:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return False
     # address="local": never attach to a stale cluster recorded by an earlier `ray start`.
-    ray.init(address="local", num_cpus=cfg.num_cpus, runtime_env=runtime_env, include_dashboard=False,
-             configure_logging=False, _system_config={"num_workers_soft_limit": worker_soft_limit(cfg)})
+    ray.init(
+        address="local",
+        num_cpus=cfg.num_cpus,
+        runtime_env=runtime_env,
+        include_dashboard=False,
+        configure_logging=False,
+        _system_config={
+            "num_workers_soft_limit": sizing.worker_soft_limit(
+                cfg.num_cpus or os.cpu_count() or 1, Reservations.of(cfg), cfg.pool_size
+            )
+        },
+    )
     return True
-
-
-def worker_soft_limit(cfg: RunConfig) -> int:
-    """How many worker processes Ray keeps alive when idle.
-
-    Ray's default is the CPU count, and it kills idle workers above it after a second. The pool's
-    actors count against that limit, so with a pool of one actor per CPU every decode and write
-    task started a fresh Python worker (~1.7 s of imports each): measured here, that cost 25% of
-    the inference throughput. Keep enough workers for the pool plus every fractional task slot.
-    """
-    cpus = cfg.num_cpus or os.cpu_count() or 1
-    return int(cpus / min(cfg.decode_cpus, cfg.write_cpus)) + (cfg.pool_size or cpus) + 4
 
 
 def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 0))
-
-
-def cpus_needed(size: int, cfg: RunConfig) -> float:
-    """The pool's reservations plus one decode and one write task: what must fit to make progress."""
-    return size * cfg.cpus_per_actor + cfg.decode_cpus + cfg.write_cpus
 
 
 def cluster_gpus() -> float:
@@ -95,8 +93,9 @@ def wait_for_gpus(started_locally: bool) -> float:
         return gpus
     from ray.autoscaler.sdk import request_resources
 
-    log.warning("device cuda: the cluster has no GPU now: asking the autoscaler for one (waiting up to %d s)",
-                GPU_WAIT_S)
+    log.warning(
+        "device cuda: the cluster has no GPU now: asking the autoscaler for one (waiting up to %d s)", GPU_WAIT_S
+    )
     request_resources(bundles=[{"GPU": 1}])
     deadline = time.monotonic() + GPU_WAIT_S
     while gpus <= 0 and time.monotonic() < deadline:
@@ -105,47 +104,34 @@ def wait_for_gpus(started_locally: bool) -> float:
     return gpus
 
 
-def default_pool(cfg: RunConfig, cpus: float, started_locally: bool) -> int:
-    """One single-threaded session per CPU; on CUDA, ``1 / gpus_per_actor`` actors per GPU."""
-    if cfg.device != "cuda":
-        return max(1, int(cpus))
-    gpus = wait_for_gpus(started_locally)
-    if gpus <= 0:
-        raise ConfigError("device cuda: the Ray cluster has no GPU (and none came from the autoscaler); "
-                          "use --device cpu")
-    return max(1, int(gpus / cfg.gpus_per_actor + 1e-9))
+def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None) -> int:
+    """The configured pool, or one session per CPU (per ``gpus_per_actor`` GPU share on CUDA),
+    checked to fit a local Ray; never more actors than inputs (``inputs``).
 
-
-def pool_size(cfg: RunConfig, cpus: float, started_locally: bool, inputs: int | None = None,
-              request_growth: bool = True) -> int:
-    """Default: one single-threaded session per CPU. Checks that all stages' reservations fit.
-
-    Never more actors than inputs: each would load a model copy only to sit idle, on the CPUs the
-    others start on. The fit check still applies to the pool as configured, so a config that
-    cannot run fails the same way whatever the input.
+    The fit check applies to the pool as configured, so a config that cannot run fails the same
+    way whatever the input. A cluster is not checked: it may grow (``request_cluster_growth``).
     """
-    size = cfg.pool_size or default_pool(cfg, cpus, started_locally)
-    if started_locally and cpus_needed(size, cfg) > cpus + 1e-9:
+    res = Reservations.of(cfg)
+    gpus = wait_for_gpus(started_locally) if cfg.device == "cuda" and not cfg.pool_size else 0.0
+    if res.gpus_per_actor and not cfg.pool_size and gpus <= 0:
         raise ConfigError(
-            f"pool_size: {size} actors x {cfg.cpus_per_actor} CPU + decode {cfg.decode_cpus} + write "
-            f"{cfg.write_cpus} = {cpus_needed(size, cfg):g} CPUs do not fit this machine's {cpus:g} CPUs "
-            "(the run would hang)"
+            "device cuda: the Ray cluster has no GPU (and none came from the autoscaler); use --device cpu"
         )
+    size = cfg.pool_size or sizing.default_pool(res, cpus, gpus)
+    if started_locally:
+        sizing.check_fit(size, res, cpus)
     if inputs is not None and inputs < size:
         log.info("pool of %d actors for %d inputs: starting %d", size, inputs, max(1, inputs))
-        size = max(1, inputs)
-    if request_growth and cpus_needed(size, cfg) > cpus + 1e-9:
-        request_cluster_growth(size, cfg)
+        size = sizing.pool_for_inputs(size, inputs)
     return size
 
 
-def request_cluster_growth(size: int, cfg: RunConfig) -> None:
+def request_cluster_growth(size: int, res: Reservations) -> None:
     """Ask an autoscaling cluster for the pool up front; pending actors are demand as well."""
     from ray.autoscaler.sdk import request_resources
 
-    bundles = [{"CPU": cfg.cpus_per_actor}] * size + [{"CPU": cfg.decode_cpus}, {"CPU": cfg.write_cpus}]
-    log.warning("pool of %d actors needs more CPUs than the cluster has now: requesting them from the autoscaler",
-                size)
+    bundles = [{"CPU": res.cpus_per_actor}] * size + [{"CPU": res.decode_cpus}, {"CPU": res.write_cpus}]
+    log.warning("pool of %d actors needs more CPUs than the cluster has now: requesting them from the autoscaler", size)
     request_resources(bundles=bundles)
 
 
@@ -193,7 +179,7 @@ def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.
     return resolved.materialize()
 
 
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_SIGNAL: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def install_stop_handlers(on_stop: Callable[[str], None] | None = None) -> dict[int, Any]:
@@ -206,9 +192,13 @@ def install_stop_handlers(on_stop: Callable[[str], None] | None = None) -> dict[
     finished manifest part or is redone by the next run (a row is written after its mask). A second
     signal exits at once.
     """
+
     def stop(signum: int, _frame: object) -> None:
-        print(f"maskray: {signal.Signals(signum).name} received: stopping; re-run the same command to resume",
-              file=sys.stderr, flush=True)
+        print(
+            f"maskray: {signal.Signals(signum).name} received: stopping; re-run the same command to resume",
+            file=sys.stderr,
+            flush=True,
+        )
         for sig in EXIT_SIGNAL:  # a second signal exits at once
             signal.signal(sig, lambda s, _f: os._exit(EXIT_SIGNAL.get(s, 1)))
 
@@ -230,9 +220,15 @@ def restore_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
-def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
-              engine: EngineChoice, sink: ManifestSink, on_stop: Callable[[str], None] | None = None
-              ) -> dict[str, Any]:
+def run_graph(
+    cfg: RunConfig,
+    spec: InputSpec,
+    model: LoadedModel,
+    settings: StageSettings,
+    engine: EngineChoice,
+    sink: ManifestSink,
+    on_stop: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Plan, mask and record; returns placement and timing facts for the summary."""
     t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
@@ -243,9 +239,16 @@ def run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: Sta
         restore_handlers(previous)
 
 
-def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: StageSettings,
-               engine: EngineChoice, sink: ManifestSink, started_locally: bool,
-               t0: float) -> dict[str, Any]:
+def _run_graph(
+    cfg: RunConfig,
+    spec: InputSpec,
+    model: LoadedModel,
+    settings: StageSettings,
+    engine: EngineChoice,
+    sink: ManifestSink,
+    started_locally: bool,
+    t0: float,
+) -> dict[str, Any]:
     t_connected = time.monotonic()
     cpus = cluster_cpus()
     configure_data_context(cfg)
@@ -254,21 +257,27 @@ def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: St
     todo, decided = split_decisions(resolved)
     # Sized before the inputs to mask are counted (their blocks depend on it); the autoscaler is
     # asked for it only once there is something to mask (a re-run of a done catalog asks nothing).
-    size = pool_size(cfg, cpus, started_locally, n_planned, request_growth=False) if n_planned else 1
-    on_gpu = cfg.device == "cuda"
-    graph = GraphSpec(size, cfg.cpus_per_actor, cfg.decode_cpus, cfg.write_cpus, cfg.batch_size,
-                      asdict(engine.spec), engine.label, gpus_per_actor=cfg.gpus_per_actor if on_gpu else 0.0,
-                      reference=engine.reference if on_gpu else None, cluster_cpus=cpus)
+    size = pool_size(cfg, cpus, started_locally, n_planned) if n_planned else 1
+    res = Reservations.of(cfg)
+    graph = GraphSpec(
+        size,
+        res,
+        cfg.batch_size,
+        asdict(engine.spec),
+        engine.label,
+        reference=engine.reference if res.gpus_per_actor else None,
+        cluster_cpus=cpus,
+    )
     todo = input_blocks(todo, n_planned, graph)
     n_todo = todo.count()
     t_planned = time.monotonic()
     out = decided_graph(decided, settings)
     if n_todo:
         if n_todo < size:  # never more actors than inputs to mask (the fit was checked above)
-            size = n_todo
+            size = sizing.pool_for_inputs(size, n_todo)
             graph = replace(graph, pool_size=size)
-        if cpus_needed(size, cfg) > cpus + 1e-9:
-            request_cluster_growth(size, cfg)
+        if not sizing.fits(size, res, cpus):
+            request_cluster_growth(size, res)
         model_ref = ray.put(model.data)  # once; every actor reads it from the object store
         out = image_graph(todo, n_todo, model_ref, settings, graph).union(out)
     else:
@@ -283,7 +292,7 @@ def _run_graph(cfg: RunConfig, spec: InputSpec, model: LoadedModel, settings: St
         "inputs_to_mask": n_todo,
         # A killed actor is restarted by Ray as a new process; its in-flight batches are retried.
         "actor_processes": len(actors),
-        "actor_restarts": sum(a.endswith("+restarted") for a in actors),
+        "actor_restarts": len(sink.stats["restarted_actors"]),
         # Cold start, split: joining/starting Ray, planning the inputs (listing, resolve), the rest.
         "ray_connect_s": round(t_connected - t0, 3),
         "plan_s": round(t_planned - t_connected, 3),

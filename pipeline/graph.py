@@ -21,11 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 from ray.data import ActorPoolStrategy, TaskPoolStrategy
+from ray.data.dataset import MaterializedDataset
 
-from operators.preprocess import MODEL_SIZE
-from pipeline.actor import InferenceActor
-from pipeline.plan import TODO
-from pipeline.stages import StageSettings, decided_batch, finish_batch, prepare_batch
+from maskray.operators.preprocess import MODEL_SIZE
+from maskray.pipeline.actor import InferenceActor
+from maskray.pipeline.plan import TODO
+from maskray.pipeline.sizing import Reservations, batch_size_for, task_slots
+from maskray.pipeline.stages import StageSettings, decided_batch, finish_batch, prepare_batch
 
 # CPU reservation of the light stages (decided rows, manifest parts): they must never wait long
 # for a slot beside the pool and the decode/write tasks.
@@ -35,15 +37,16 @@ LIGHT_CPUS = 0.05
 @dataclass(frozen=True)
 class GraphSpec:
     pool_size: int
-    cpus_per_actor: float
-    decode_cpus: float
-    write_cpus: float
+    res: Reservations
     batch_size: int
-    engine: dict[str, Any]  # operators.engines.EngineSpec's fields
+    engine: dict[str, Any]  # maskray.operators.engines.EngineSpec's fields
     engine_label: str = ""
-    gpus_per_actor: float = 0.0  # > 0: the pool runs on GPUs
     reference: Any = None  # reference masks an actor on a GPU checks its engine against
     cluster_cpus: float = 0.0
+
+    @property
+    def task_slots(self) -> int:
+        return task_slots(self.pool_size, self.res, self.cluster_cpus)
 
 
 # Input blocks of the image graph: enough for every decode task slot to hold several, and no more.
@@ -55,23 +58,12 @@ FETCH_BATCHES = 4
 
 
 def max_input_blocks(spec: GraphSpec) -> int:
-    return max(MIN_INPUT_BLOCKS, BLOCKS_PER_TASK_SLOT * cpu_task_slots(spec))
+    return max(MIN_INPUT_BLOCKS, BLOCKS_PER_TASK_SLOT * spec.task_slots)
 
 
 def rows_per_input_block(n: int, batch_size: int, max_blocks: int) -> int:
     """One batch per block up to ``max_blocks`` blocks, then whole batches per block."""
     return batch_size * max(1, math.ceil(n / (batch_size * max_blocks)))
-
-
-def batch_size_for(n: int, batch_size: int, pool_size: int) -> int:
-    """The configured batch size, or smaller when there are fewer inputs than a batch per actor.
-
-    Ray Data bundles small blocks up to a map's batch size, so 6 images at batch size 4 would
-    go 4 + 2 to two actors, and 3 images all to one while the other idles: spread them instead.
-    """
-    if 0 < n < batch_size * pool_size:
-        return math.ceil(n / min(n, pool_size))
-    return batch_size
 
 
 def prepared_batch_bytes(batch_size: int) -> int:
@@ -85,32 +77,14 @@ def prepared_batch_bytes(batch_size: int) -> int:
     return int(batch_size * MODEL_SIZE[0] * MODEL_SIZE[1] * 3 * 0.9)
 
 
-def cpu_task_slots(spec: GraphSpec) -> int:
-    """Concurrent decode (and write) tasks. A batch of 4 decodes in ~60 ms and infers in ~2 s
-    per actor, so one task slot keeps ~8 actors fed; more slots only start more worker processes,
-    whose imports (~1.7 s of CPU each) compete with inference, most of all at start-up.
-
-    Never more than fit beside the pool with one slot of each stage: decode runs ahead of
-    inference, so if its tasks may take every spare CPU, no write task can start until all
-    inputs are decoded (seen here: on 2 CPUs the first mask waited ~3 s, writes came in bursts).
-
-    A GPU pool is the exception: each GPU actor infers hundreds of images a second, so every CPU
-    that fits decodes and writes for it.
-    """
-    pool_cpus = spec.pool_size * spec.cpus_per_actor
-    planned = max(spec.cluster_cpus, pool_cpus + spec.decode_cpus + spec.write_cpus)  # growth is requested
-    fit = int((planned - pool_cpus + 1e-9) // (spec.decode_cpus + spec.write_cpus))
-    if spec.gpus_per_actor:  # one decode and one write task per free CPU: at most 2x oversubscribed
-        return max(1, min(int(planned - pool_cpus), fit))
-    return max(1, min(max(2, math.ceil(spec.pool_size / 8)), fit))
-
-
 def split_decisions(resolved: ray.data.Dataset) -> tuple[ray.data.Dataset, ray.data.Dataset]:
     """(inputs to mask, inputs already decided), from the materialized plan."""
+
     def pick(todo: bool):
         def keep(t: pa.Table) -> pa.Table:
             is_todo = pc.equal(t.column("decision"), TODO)
             return t.filter(is_todo if todo else pc.invert(is_todo))
+
         return keep
 
     todo = resolved.map_batches(pick(True), batch_format="pyarrow", batch_size=None, num_cpus=LIGHT_CPUS)
@@ -123,7 +97,7 @@ def fetch_rows_for(n: int, batch: int, pool_size: int) -> int:
     return batch * FETCH_BATCHES if n >= batch * FETCH_BATCHES * pool_size else batch
 
 
-def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> ray.data.MaterializedDataset:
+def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> MaterializedDataset:
     """The inputs to mask in blocks of whole prepare batches, at most ~``max_input_blocks`` of them
     (``n`` is an upper bound of their number: the plan's rows, decided ones included).
 
@@ -137,41 +111,57 @@ def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> ray.data.Ma
     return todo.repartition(target_num_rows_per_block=rows).materialize()
 
 
-def image_graph(todo: ray.data.MaterializedDataset, n: int, model_ref: ray.ObjectRef, settings: StageSettings,
-                spec: GraphSpec) -> ray.data.Dataset:
+def image_graph(
+    todo: MaterializedDataset, n: int, model_ref: ray.ObjectRef, settings: StageSettings, spec: GraphSpec
+) -> ray.data.Dataset:
     """``n`` inputs to mask (``input_blocks``) -> one manifest row each."""
     batch = batch_size_for(n, spec.batch_size, spec.pool_size)
     fetch_rows = fetch_rows_for(n, batch, spec.pool_size)
-    ds = todo
+    ds: ray.data.Dataset = todo
     # No more task slots than blocks: a tiny run needs no idle slots (and Ray Data warns of them).
-    tasks = TaskPoolStrategy(size=min(cpu_task_slots(spec), todo.num_blocks()))
+    tasks = TaskPoolStrategy(size=min(spec.task_slots, todo.num_blocks()))
     stage = StageSettings(**{**settings.__dict__, "batch_size": batch})
     ds = ds.map_batches(  # fetch (concurrently) + decode + resize to 320x320 uint8, `batch` rows per output
-        prepare_batch, fn_kwargs={"settings": stage}, batch_size=fetch_rows,
-        batch_format="numpy", num_cpus=spec.decode_cpus, compute=tasks,
+        prepare_batch,
+        fn_kwargs={"settings": stage},
+        batch_size=fetch_rows,
+        batch_format="numpy",
+        num_cpus=spec.res.decode_cpus,
+        compute=tasks,
     )
     ds = ds.map_batches(  # fp32 U2Net-P, one single-threaded engine per actor (or one GPU share)
         InferenceActor,
-        fn_constructor_kwargs={"model": model_ref, "engine": spec.engine, "label": spec.engine_label,
-                               "reference": spec.reference},
-        compute=ActorPoolStrategy(size=spec.pool_size), batch_size=batch,
-        batch_format="numpy", **actor_resources(spec),
+        fn_constructor_kwargs={
+            "model": model_ref,
+            "engine": spec.engine,
+            "label": spec.engine_label,
+            "reference": spec.reference,
+        },
+        compute=ActorPoolStrategy(size=spec.pool_size),
+        batch_size=batch,
+        batch_format="numpy",
+        **actor_resources(spec),
     )
     return ds.map_batches(  # full-size mask, optional cutout, PNG encode, concurrent atomic writes -> rows
-        finish_batch, fn_kwargs={"settings": stage}, batch_size=batch,
-        batch_format="numpy", num_cpus=spec.write_cpus, compute=tasks,
+        finish_batch,
+        fn_kwargs={"settings": stage},
+        batch_size=batch,
+        batch_format="numpy",
+        num_cpus=spec.res.write_cpus,
+        compute=tasks,
     )
 
 
 def actor_resources(spec: GraphSpec) -> dict[str, float]:
     """What each inference actor reserves: a CPU share, plus a GPU share on a GPU pool (only GPU
     nodes have ``GPU``, so a cluster's CPU nodes keep decoding and writing)."""
-    resources = {"num_cpus": spec.cpus_per_actor}
-    if spec.gpus_per_actor:
-        resources["num_gpus"] = spec.gpus_per_actor
+    resources = {"num_cpus": spec.res.cpus_per_actor}
+    if spec.res.gpus_per_actor:
+        resources["num_gpus"] = spec.res.gpus_per_actor
     return resources
 
 
 def decided_graph(decided: ray.data.Dataset, settings: StageSettings) -> ray.data.Dataset:
-    return decided.map_batches(decided_batch, fn_kwargs={"s": settings}, batch_format="pyarrow",
-                               batch_size=None, num_cpus=LIGHT_CPUS)
+    return decided.map_batches(
+        decided_batch, fn_kwargs={"s": settings}, batch_format="pyarrow", batch_size=None, num_cpus=LIGHT_CPUS
+    )

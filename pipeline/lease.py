@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from operators import storage
-from operators.keys import MANIFEST_DIR
-from pipeline.config import ConfigError
-from pipeline.rows import one_line
+from maskray.operators import storage
+from maskray.operators.errors import one_line
+from maskray.operators.keys import MANIFEST_DIR
+from maskray.pipeline.config import ConfigError
 
 log = logging.getLogger("maskray")
 
@@ -77,8 +77,9 @@ class Lease:
             if self.holder() == self.run_id:
                 storage.filesystem(self.uri, self.options).rm(storage.strip_protocol(self.uri))
         except Exception as exc:  # noqa: BLE001 - a leftover lease goes stale and is taken over
-            log.warning("could not release the lease on %s (%s); it expires in %d s",
-                        self.output, one_line(exc), STALE_AFTER_S)
+            log.warning(
+                "could not release the lease on %s (%s); it expires in %d s", self.output, one_line(exc), STALE_AFTER_S
+            )
 
 
 def read_lease(output: str, options: dict[str, Any]) -> dict[str, Any] | None:
@@ -106,11 +107,22 @@ def holder_is_dead_here(current: dict[str, Any]) -> bool:
     return False
 
 
-def acquire(output: str, run_id: str, options: dict[str, Any], force: bool = False,
-            heartbeat_s: float = HEARTBEAT_S, stale_after_s: float = STALE_AFTER_S) -> Lease:
+def acquire(
+    output: str,
+    run_id: str,
+    options: dict[str, Any],
+    force: bool = False,
+    heartbeat_s: float = HEARTBEAT_S,
+    stale_after_s: float = STALE_AFTER_S,
+) -> Lease:
     """Take the output's lease or raise ConfigError naming the live run that holds it."""
-    lease = Lease(output, run_id, options, heartbeat_s, body={
-        "run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()})
+    lease = Lease(
+        output,
+        run_id,
+        options,
+        heartbeat_s,
+        body={"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()},
+    )
     for _ in range(3):  # a lost race against another taker is retried against the winner's lease
         try:
             storage.create_bytes_exclusive(lease.uri, lease.encoded(), options)
@@ -128,9 +140,15 @@ def acquire(output: str, run_id: str, options: dict[str, Any], force: bool = Fal
             raise ConfigError(
                 f"output {output} is in use by run {current.get('run_id')} on {current.get('host')} "
                 f"(pid {current.get('pid')}, heartbeat {age:.0f} s ago): wait for it to finish, or pass "
-                "--force if it is not running")
-        why = ("--force" if age < stale_after_s else "its process is gone" if holder_is_dead_here(current)
-               else f"its heartbeat stopped {age:.0f} s ago")
+                "--force if it is not running"
+            )
+        why = (
+            "--force"
+            if age < stale_after_s
+            else "its process is gone"
+            if holder_is_dead_here(current)
+            else f"its heartbeat stopped {age:.0f} s ago"
+        )
         log.warning("taking over the lease of run %s on %s (%s)", current.get("run_id"), output, why)
         try:
             storage.filesystem(lease.uri, options).rm(storage.strip_protocol(lease.uri))

@@ -16,15 +16,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators import storage
-from operators.keys import MANIFEST_DIR, SUMMARY_NAME
-from pipeline.rows import ERROR, MANIFEST_SCHEMA, OK, SKIPPED, TIME_COLUMNS, one_line
+from maskray.operators import storage
+from maskray.operators.errors import one_line
+from maskray.operators.keys import MANIFEST_DIR, SUMMARY_NAME
+from maskray.pipeline.rows import ERROR, MANIFEST_SCHEMA, OK, SKIPPED, TIME_COLUMNS
 
 EXAMPLES_PER_KIND = 3
 # Rows per manifest part: a crash loses at most this much of the record (the masks are written;
@@ -42,10 +44,24 @@ def part_name(attempt: str, task_idx: int) -> str:
 
 # ---------------------------------------------------------------- per-part statistics
 
+
 def empty_stats() -> dict[str, Any]:
-    return {"rows": 0, "ignored": 0, "parts": 0, "status": {}, "errors_by_kind": {}, "skipped_by_kind": {},
-            "error_examples": {}, "stage_ms": {c: 0.0 for c in TIME_COLUMNS}, "started_at": None,
-            "finished_at": None, "first_ok_at": None, "ok_by_node": {}, "infer_ms_by_actor": {}}
+    return {
+        "rows": 0,
+        "ignored": 0,
+        "parts": 0,
+        "status": {},
+        "errors_by_kind": {},
+        "skipped_by_kind": {},
+        "error_examples": {},
+        "stage_ms": {c: 0.0 for c in TIME_COLUMNS},
+        "started_at": None,
+        "finished_at": None,
+        "first_ok_at": None,
+        "ok_by_node": {},
+        "infer_ms_by_actor": {},
+        "restarted_actors": [],  # actor processes Ray started again after their actor died
+    }
 
 
 def value_counts(column: pa.ChunkedArray | pa.Array) -> dict[str, int]:
@@ -64,8 +80,7 @@ def block_stats(table: pa.Table, ignored: int = 0) -> dict[str, Any]:
     errors = table.filter(pc.equal(status, ERROR))
     s["errors_by_kind"] = value_counts(errors.column("error_kind"))
     s["skipped_by_kind"] = value_counts(table.filter(pc.equal(status, SKIPPED)).column("error_kind"))
-    for kind, source in zip(errors.column("error_kind").to_pylist(), errors.column("source").to_pylist(),
-                            strict=True):
+    for kind, source in zip(errors.column("error_kind").to_pylist(), errors.column("source").to_pylist(), strict=True):
         examples = s["error_examples"].setdefault(kind, [])
         if len(examples) < EXAMPLES_PER_KIND:
             examples.append(source)
@@ -77,9 +92,15 @@ def block_stats(table: pa.Table, ignored: int = 0) -> dict[str, Any]:
         s["first_ok_at"] = pc.min(ok.column("finished_at")).as_py()
         s["ok_by_node"] = value_counts(ok.column("node"))
         by_actor = ok.group_by("actor").aggregate([("infer_ms", "sum")])
-        s["infer_ms_by_actor"] = {str(a): float(v) for a, v in zip(by_actor.column("actor").to_pylist(),
-                                                                     by_actor.column("infer_ms_sum").to_pylist(),
-                                                                     strict=True) if a}
+        s["infer_ms_by_actor"] = {
+            str(a): float(v)
+            for a, v in zip(
+                by_actor.column("actor").to_pylist(), by_actor.column("infer_ms_sum").to_pylist(), strict=True
+            )
+            if a
+        }
+        restarted = ok.filter(pc.fill_null(ok.column("actor_restarted"), False))
+        s["restarted_actors"] = sorted(set(restarted.column("actor").to_pylist()))
     return s
 
 
@@ -97,10 +118,12 @@ def merge_stats(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
         for key, pick in (("started_at", min), ("finished_at", max), ("first_ok_at", min)):
             values = [v for v in (out[key], s[key]) if v is not None]
             out[key] = pick(values) if values else None
+        out["restarted_actors"] = sorted({*out["restarted_actors"], *s["restarted_actors"]})
     return out
 
 
 # ---------------------------------------------------------------- reading a run back
+
 
 def run_parts(output: str, run_id: str, attempt: str | None, storage_options: dict) -> list[str]:
     """The part files of one run's committed attempt (or every part, when ``attempt`` is None)."""
@@ -115,8 +138,9 @@ def run_parts(output: str, run_id: str, attempt: str | None, storage_options: di
     return sorted(p for p in names if p.rsplit("/", 1)[-1].startswith(prefix) and p.endswith(".parquet"))
 
 
-def iter_manifest(output: str, summary: dict[str, Any], storage_options: dict,
-                  columns: list[str] | None = None) -> Iterator[pa.Table]:
+def iter_manifest(
+    output: str, summary: dict[str, Any], storage_options: dict, columns: list[str] | None = None
+) -> Iterator[pa.Table]:
     """The committed run's rows, one part at a time (bounded memory for any run size)."""
     fs = storage.filesystem(output, storage_options)
     for path in run_parts(output, summary["run_id"], summary.get("attempt"), storage_options):
@@ -135,7 +159,7 @@ def remove_other_attempts(output: str, run_id: str, attempt: str, storage_option
     fs = storage.filesystem(output, storage_options)
     stale = [p for p in run_parts(output, run_id, None, storage_options) if f"part-{attempt}-" not in p]
     for path in stale:
-        storage.with_retries(lambda p=path: fs.rm_file(p))
+        storage.with_retries(partial(fs.rm_file, path))
     return len(stale)
 
 

@@ -31,6 +31,7 @@ import io
 import math
 import posixpath
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,10 +40,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from operators import storage
-from operators.keys import MANIFEST_DIR, key_for_listed_uri, relative_to_prefix
-from pipeline.config import ConfigError
-from pipeline.rows import OK, SKIPPED, one_line
+from maskray.operators import storage
+from maskray.operators.errors import one_line
+from maskray.operators.keys import MANIFEST_DIR, key_for_listed_uri, relative_to_prefix
+from maskray.pipeline.config import ConfigError
+from maskray.pipeline.rows import OK, SKIPPED
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".webp", ".bmp", ".dib", ".tif", ".tiff", ".gif", ".mpo"}
@@ -53,10 +55,19 @@ LIST_COLUMNS = ("source", "path", "uri")
 LISTING_ROWS_PER_BLOCK = 50_000
 LISTING_TASKS = 64
 
-RAW_SCHEMA = pa.schema([("source", pa.string()), ("size", pa.int64()), ("ignored", pa.int8()),
-                        ("n", pa.int64()), ("t_any", pa.float64()), ("t_same", pa.float64())])
-RESOLVED_SCHEMA = pa.schema([("source", pa.string()), ("key", pa.string()), ("size", pa.int64()),
-                             ("decision", pa.string())])
+RAW_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("size", pa.int64()),
+        ("ignored", pa.int8()),
+        ("n", pa.int64()),
+        ("t_any", pa.float64()),
+        ("t_same", pa.float64()),
+    ]
+)
+RESOLVED_SCHEMA = pa.schema(
+    [("source", pa.string()), ("key", pa.string()), ("size", pa.int64()), ("decision", pa.string())]
+)
 TODO, DONE, DUPLICATE, UNSAFE, IGNORED = "todo", "done", "duplicate", "unsafe", "ignored"
 LOCAL, SCHEME = "local", "scheme"  # a local path in a list read from a bucket; a scheme we cannot read
 
@@ -92,6 +103,7 @@ def normalise_uri(uri: str) -> str:
 
 
 # ---------------------------------------------------------------- fail fast, on the driver
+
 
 def check_input(uri: str, output: str, storage_options: dict) -> InputSpec:
     """One request to prove the input is reachable; a list's header is read to find its column."""
@@ -146,6 +158,7 @@ def list_column(path: str, spec: InputSpec) -> str:
 
 # ---------------------------------------------------------------- the raw inputs, as Ray Data
 
+
 def raw_inputs(spec: InputSpec):
     """``source, size, ignored`` (+ resolve columns) for every listed input, built by Ray tasks."""
     return read_list(spec) if spec.kind == "list" else list_prefix(spec)
@@ -193,17 +206,34 @@ def resolve_entry(entry: str, list_folder: str) -> str:
 def raw_table(sources: list[str], sizes: list[int], ignored: list[int]) -> pa.Table:
     n = len(sources)
     nulls = pa.nulls(n, pa.float64())
-    return pa.table([pa.array(sources, pa.string()), pa.array(sizes, pa.int64()), pa.array(ignored, pa.int8()),
-                     pa.array(np.ones(n, dtype=np.int64)), nulls, nulls], schema=RAW_SCHEMA)
+    return pa.table(
+        [
+            pa.array(sources, pa.string()),
+            pa.array(sizes, pa.int64()),
+            pa.array(ignored, pa.int8()),
+            pa.array(np.ones(n, dtype=np.int64)),
+            nulls,
+            nulls,
+        ],
+        schema=RAW_SCHEMA,
+    )
 
 
 def list_prefix(spec: InputSpec):
     """Top level in one task; each sub-prefix in its own task, in parallel over the cluster."""
     import ray
 
-    top = ray.data.from_items([{"path": spec.root}]).map_batches(
-        list_top_level, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
-    ).materialize()  # small: the root's own objects and sub-prefixes, in the object store
+    top = (
+        ray.data.from_items([{"path": spec.root}])
+        .map_batches(
+            list_top_level,
+            fn_kwargs={"spec": spec},
+            batch_format="pyarrow",
+            batch_size=None,
+            num_cpus=0.25,
+        )
+        .materialize()
+    )  # small: the root's own objects and sub-prefixes, in the object store
     subdirs = top.map_batches(_entries, fn_kwargs={"dirs": True}, batch_format="pyarrow", batch_size=None).materialize()
     files = top.map_batches(_entries, fn_kwargs={"dirs": False}, batch_format="pyarrow", batch_size=None)
     n_dirs = subdirs.count()
@@ -213,7 +243,11 @@ def list_prefix(spec: InputSpec):
     # split kind passes every block through the driver).
     per_task = math.ceil(n_dirs / min(n_dirs, LISTING_TASKS))
     nested = subdirs.repartition(target_num_rows_per_block=per_task).map_batches(
-        list_recursively, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None, num_cpus=0.25,
+        list_recursively,
+        fn_kwargs={"spec": spec},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=0.25,
     )
     return files.union(nested)
 
@@ -240,7 +274,7 @@ def list_recursively(batch: pa.Table, spec: InputSpec):
     fs = storage.filesystem(spec.uri, spec.storage_options)
     pending: list[dict[str, Any]] = []
     for path in batch.column("source").to_pylist():
-        found = storage.with_retries(lambda p=path: fs.find(p, detail=True))
+        found = storage.with_retries(partial(fs.find, path, detail=True))
         pending += [{"name": k, **v} for k, v in found.items() if v.get("type") != "directory"]
         while len(pending) >= LISTING_ROWS_PER_BLOCK:
             yield _listed(pending[:LISTING_ROWS_PER_BLOCK], spec)
@@ -251,7 +285,7 @@ def list_recursively(batch: pa.Table, spec: InputSpec):
 
 def _chunks(items: list[Any]):
     for i in range(0, len(items), LISTING_ROWS_PER_BLOCK):
-        yield items[i:i + LISTING_ROWS_PER_BLOCK]
+        yield items[i : i + LISTING_ROWS_PER_BLOCK]
 
 
 def _listed(entries: list[dict[str, Any]], spec: InputSpec) -> pa.Table:
@@ -262,6 +296,7 @@ def _listed(entries: list[dict[str, Any]], spec: InputSpec) -> pa.Table:
 
 
 # ---------------------------------------------------------------- resolve against earlier runs
+
 
 def manifest_root(output: str) -> str:
     return storage.join_uri(output, MANIFEST_DIR)
@@ -300,16 +335,25 @@ def evidence_rows(batch: pa.Table, fp: str) -> pa.Table:
     if "fingerprint" not in names:  # a manifest from before fingerprints: nothing is known to match
         return RAW_SCHEMA.empty_table()
     status = batch.column("status")
-    recorded = pc.and_(pc.is_valid(batch.column("fingerprint")),
-                       pc.or_(pc.equal(status, OK), pc.equal(status, SKIPPED)))
+    recorded = pc.and_(
+        pc.is_valid(batch.column("fingerprint")), pc.or_(pc.equal(status, OK), pc.equal(status, SKIPPED))
+    )
     recorded = pc.fill_null(recorded, False)
     t = batch.filter(recorded)
     same = pc.fill_null(pc.equal(t.column("fingerprint"), fp), False)
     finished = pc.cast(t.column("finished_at"), pa.float64())
     n = t.num_rows
-    return pa.table([t.column("source"), pa.array(np.full(n, -1, np.int64)), pa.array(np.zeros(n, np.int8)),
-                     pa.array(np.zeros(n, np.int64)), finished,
-                     pc.if_else(same, finished, pa.scalar(None, pa.float64()))], schema=RAW_SCHEMA)
+    return pa.table(
+        [
+            t.column("source"),
+            pa.array(np.full(n, -1, np.int64)),
+            pa.array(np.zeros(n, np.int8)),
+            pa.array(np.zeros(n, np.int64)),
+            finished,
+            pc.if_else(same, finished, pa.scalar(None, pa.float64())),
+        ],
+        schema=RAW_SCHEMA,
+    )
 
 
 def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2):
@@ -318,8 +362,11 @@ def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2):
 
     ds = raw if evidence is None else raw.union(evidence)
     grouped = ds.groupby("source", num_partitions=partitions).aggregate(
-        Sum("n", alias_name="n"), Max("size", alias_name="size"), Max("ignored", alias_name="ignored"),
-        Max("t_any", alias_name="t_any"), Max("t_same", alias_name="t_same"),
+        Sum("n", alias_name="n"),
+        Max("size", alias_name="size"),
+        Max("ignored", alias_name="ignored"),
+        Max("t_any", alias_name="t_any"),
+        Max("t_same", alias_name="t_same"),
     )
     return grouped.map_batches(decide, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None)
 
@@ -354,8 +401,7 @@ def decide(batch: pa.Table, spec: InputSpec) -> pa.Table:
     for flag, value in ((unsafe, UNSAFE), (local, LOCAL), (scheme, SCHEME), (ignored, IGNORED)):
         decision = pc.if_else(flag, value, decision)
     keys = [key_of(s, spec) for s in src]
-    first = pa.table([sources, pa.array(keys, pa.string()), batch.column("size"), decision],
-                     schema=RESOLVED_SCHEMA)
+    first = pa.table([sources, pa.array(keys, pa.string()), batch.column("size"), decision], schema=RESOLVED_SCHEMA)
     extra = np.repeat(np.arange(len(n)), n - 1)
     if not len(extra):
         return first

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.manifest import value_counts
-from pipeline.rows import TIME_COLUMNS
+from maskray.pipeline.manifest import value_counts
+from maskray.pipeline.rows import TIME_COLUMNS
 
 PUBLISHED_PRICE_384 = 5.20  # $/h for a 384-vCPU c4d node (published); scaled per vCPU
 
@@ -98,8 +98,9 @@ class ManifestAggregate:
                     self.infer_by_actor[a] = self.infer_by_actor.get(a, 0.0) + v
         failed = part.filter(pc.equal(part.column("status"), "error"))
         _add_counts(self.errors, failed.column("error_kind"))
-        for kind, source, error in zip(*(failed.column(c).to_pylist() for c in ("error_kind", "source", "error")),
-                                       strict=True):
+        for kind, source, error in zip(
+            *(failed.column(c).to_pylist() for c in ("error_kind", "source", "error")), strict=True
+        ):
             mine = self.examples.setdefault(kind or "unknown", [])
             if len(mine) < 3:
                 mine.append((source, error or ""))
@@ -129,13 +130,13 @@ def analyse(agg: ManifestAggregate, summary: dict[str, Any], price_per_hour: flo
     span = agg.t1 - agg.t0
     cpus = (summary.get("cluster") or {}).get("cluster_cpus") or 1
     ips = summary.get("images_per_second") or 0
-    hot_bins = agg.ok_per_bin[TIME_BINS // 10:]
+    hot_bins = agg.ok_per_bin[TIME_BINS // 10 :]
     hot_span = span * len(hot_bins) / TIME_BINS
     return {
         "stage_totals_s": totals,
         "stage_mean_ms": {c[:-3]: agg.stage_sum[c] / agg.ok for c in stage_cols} if agg.ok else {},
         "stage_percentiles_ms": {c[:-3]: {f"p{q}": agg.percentile(c, q) for q in PERCENTILES} for c in stage_cols},
-        "bottleneck": max(per_slot, key=per_slot.get) if per_slot and any(per_slot.values()) else None,
+        "bottleneck": max(per_slot, key=lambda k: per_slot[k]) if per_slot and any(per_slot.values()) else None,
         "actor_utilisation": {a: v / 1000 / span for a, v in agg.infer_by_actor.items()} if span > 0 else {},
         "per_node": {k[:12]: v for k, v in sorted(agg.per_node.items())},
         "failures": dict(sorted(agg.errors.items(), key=lambda kv: -kv[1])),
@@ -195,43 +196,58 @@ def charts(agg: ManifestAggregate) -> dict[str, str]:
 
 def render_html(summary: dict[str, Any], facts: dict[str, Any], images: dict[str, str]) -> str:
     def table(d: dict[str, Any], fmt: str = "{:.3f}") -> str:
-        cells = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{fmt.format(v) if isinstance(v, float) else v}"
-                        f"</td></tr>" for k, v in d.items())
+        cells = "".join(
+            f"<tr><td>{html.escape(str(k))}</td><td>{fmt.format(v) if isinstance(v, float) else v}</td></tr>"
+            for k, v in d.items()
+        )
         return f"<table>{cells or '<tr><td>none</td></tr>'}</table>"
 
     headline = {
-        "inputs": summary["inputs"], "ok": summary["ok"], "failed": summary["failed"], "skipped": summary["skipped"],
-        "seconds": summary["seconds"], "images/s (whole run)": summary["images_per_second"],
+        "inputs": summary["inputs"],
+        "ok": summary["ok"],
+        "failed": summary["failed"],
+        "skipped": summary["skipped"],
+        "seconds": summary["seconds"],
+        "images/s (whole run)": summary["images_per_second"],
         "images/s (hot: after the first 10%)": facts["hot_images_per_second"],
         "seconds to first mask (cold)": facts["seconds_to_first_mask"],
         "bottleneck stage": facts["bottleneck"],
         "cost per 1M images (USD)": facts["cost_per_million_usd"],
     }
     price = f"at ${facts['price_per_hour']:.3f}/h for {facts['cpus']:g} CPUs"
-    percentiles = table({s: " / ".join("-" if v is None else f"{v:.1f}" for v in p.values())
-                         for s, p in facts["stage_percentiles_ms"].items()})
-    examples = "".join(f"<p><b>{html.escape(k)}</b>: " + "; ".join(html.escape(f"{src} ({err})") for src, err in v)
-                       + "</p>" for k, v in facts["failure_examples"].items()) or "<p>none</p>"
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>maskray run {summary['run_id']}</title>
+    percentiles = table(
+        {
+            s: " / ".join("-" if v is None else f"{v:.1f}" for v in p.values())
+            for s, p in facts["stage_percentiles_ms"].items()
+        }
+    )
+    examples = (
+        "".join(
+            f"<p><b>{html.escape(k)}</b>: " + "; ".join(html.escape(f"{src} ({err})") for src, err in v) + "</p>"
+            for k, v in facts["failure_examples"].items()
+        )
+        or "<p>none</p>"
+    )
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>maskray run {summary["run_id"]}</title>
 <style>body{{font-family:sans-serif;max-width:980px;margin:2em auto}}td{{padding:2px 10px;border-bottom:1px solid #ddd}}
 h2{{margin-top:1.5em}}</style></head><body>
-<h1>maskray run {html.escape(summary['run_id'])}</h1>
+<h1>maskray run {html.escape(summary["run_id"])}</h1>
 <h2>Summary</h2>{table(headline)}<p>cost {html.escape(price)}</p>
-<h2 id="throughput">Throughput over time</h2><img alt="throughput" src="{images['throughput']}">
-<h2 id="stages">Where the time goes</h2><img alt="stages" src="{images['stages']}">
-<h3>Total seconds per stage (summed over images)</h3>{table(facts['stage_totals_s'])}
-<h3>Mean ms per image</h3>{table(facts['stage_mean_ms'], '{:.1f}')}
+<h2 id="throughput">Throughput over time</h2><img alt="throughput" src="{images["throughput"]}">
+<h2 id="stages">Where the time goes</h2><img alt="stages" src="{images["stages"]}">
+<h3>Total seconds per stage (summed over images)</h3>{table(facts["stage_totals_s"])}
+<h3>Mean ms per image</h3>{table(facts["stage_mean_ms"], "{:.1f}")}
 <h3>Percentiles, ms per image (from {len(MS_EDGES) - 1}-bin log histograms)</h3>{percentiles}
-<h2 id="actors">Actor utilisation (share of the run spent in inference)</h2>{table(facts['actor_utilisation'])}
-<h2 id="nodes">Masks per node</h2>{table(facts['per_node'])}
-<h2 id="failures">Failures by reason</h2>{table(facts['failures'])}
+<h2 id="actors">Actor utilisation (share of the run spent in inference)</h2>{table(facts["actor_utilisation"])}
+<h2 id="nodes">Masks per node</h2>{table(facts["per_node"])}
+<h2 id="failures">Failures by reason</h2>{table(facts["failures"])}
 <h3>Examples</h3>{examples}
-<h2>Config</h2><pre>{html.escape(json.dumps(summary.get('config'), indent=1))}</pre>
+<h2>Config</h2><pre>{html.escape(json.dumps(summary.get("config"), indent=1))}</pre>
 </body></html>"""
 
 
 def aggregate_run(output: str, summary: dict[str, Any], storage_options: dict) -> ManifestAggregate:
-    from pipeline.manifest import iter_manifest
+    from maskray.pipeline.manifest import iter_manifest
 
     t0 = summary.get("first_row_started_at") or 0.0
     t1 = summary.get("last_row_finished_at") or t0
@@ -243,8 +259,8 @@ def aggregate_run(output: str, summary: dict[str, Any], storage_options: dict) -
 
 
 def write_report(output: str, storage_options: dict | None = None, price_per_hour: float | None = None) -> str:
-    from operators import storage
-    from pipeline.manifest import read_summary
+    from maskray.operators import storage
+    from maskray.pipeline.manifest import read_summary
 
     opts = storage_options or {}
     summary = read_summary(output, opts)

@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from operators.keys import redact_uri_credentials
-
 # Row statuses written to the manifest.
 OK, ERROR, SKIPPED = "ok", "error", "skipped"
 # In-flight statuses that never reach the manifest: "pending" = fine so far; "ignored" = a
@@ -29,10 +27,13 @@ ERROR_KINDS = (
     "read",  # the source could not be fetched (not found, permission, network)
     "empty",  # zero-byte file
     "too_large",  # over max_bytes (from the listing) or max_pixels (from the header)
-    "not_an_image", "unsupported_format", "decode",
+    "not_an_image",
+    "unsupported_format",
+    "decode",
     "unsafe_key",  # no contained output key can be made for it
     "unsafe_source",  # a list entry that lies under the output prefix
-    "infer", "write",
+    "infer",
+    "write",
 )
 # Kinds of skipped rows (in ``error_kind`` too, so the record says why nothing was done).
 DONE, DUPLICATE = "done", "duplicate"
@@ -55,6 +56,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("input_bytes", pa.int64()),
         ("node", pa.string()),
         ("actor", pa.string()),
+        ("actor_restarted", pa.bool_()),
         ("engine", pa.string()),
         *[(c, pa.float32()) for c in TIME_COLUMNS],
         ("started_at", pa.float64()),
@@ -67,30 +69,49 @@ MANIFEST_SCHEMA = pa.schema(
 MASK_MATH_VERSION = 1
 
 
-def fingerprint(model_md5: str, fmt: str, post_process_mask: bool, bgcolor: Any, png_level: int,
-                engine: str = "ort/fp32/cpu", mask_resize: str = "lanczos", fast_decode: bool = False) -> str:
+def fingerprint(
+    model_md5: str,
+    fmt: str,
+    post_process_mask: bool,
+    bgcolor: Any,
+    png_level: int,
+    engine: str = "ort/fp32/cpu",
+    mask_resize: str = "lanczos",
+    fast_decode: bool = False,
+) -> str:
     """Everything that changes an output's bytes, hashed: equal fingerprints, equal outputs.
     ``engine`` (``name/precision/device``): fp32 engines agree to rounding, not bit for bit."""
-    parts = {"model_md5": model_md5, "format": fmt, "post_process_mask": bool(post_process_mask),
-             "bgcolor": list(bgcolor) if bgcolor is not None else None, "png_level": int(png_level),
-             "mask_math": MASK_MATH_VERSION, "engine": engine, "mask_resize": mask_resize,
-             "fast_decode": bool(fast_decode)}
+    parts = {
+        "model_md5": model_md5,
+        "format": fmt,
+        "post_process_mask": bool(post_process_mask),
+        "bgcolor": list(bgcolor) if bgcolor is not None else None,
+        "png_level": int(png_level),
+        "mask_math": MASK_MATH_VERSION,
+        "engine": engine,
+        "mask_resize": mask_resize,
+        "fast_decode": bool(fast_decode),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one short line (client libraries put newlines and JSON in messages), with
-    any credentials in a URI redacted (rows and messages are records too)."""
-    text = redact_uri_credentials(" ".join(str(exc).split()))[:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def blank_row(source: str, key: str, size: int | None = None) -> dict[str, Any]:
     """The in-flight row of one input, before anything has been done to it."""
     row: dict[str, Any] = {
-        "source": source, "key": key, "size": -1 if size is None else int(size), "mask_uri": "",
-        "cutout_uri": "", "status": ERROR, "error_kind": "", "error": "", "width": 0, "height": 0,
-        "input_bytes": 0, "pre": b"", "data": b"", "started_at": time.time(),
+        "source": source,
+        "key": key,
+        "size": -1 if size is None else int(size),
+        "mask_uri": "",
+        "cutout_uri": "",
+        "status": ERROR,
+        "error_kind": "",
+        "error": "",
+        "width": 0,
+        "height": 0,
+        "input_bytes": 0,
+        "pre": b"",
+        "data": b"",
+        "started_at": time.time(),
     }
     row.update({c: 0.0 for c in TIME_COLUMNS})
     return row
@@ -119,6 +140,7 @@ def manifest_row(row: dict[str, Any], fp: str) -> dict[str, Any]:
         "input_bytes": int(row["input_bytes"]) or None,
         "node": str(row.get("node", "")) or None,
         "actor": str(row.get("actor", "")) or None,
+        "actor_restarted": bool(row["actor_restarted"]) if "actor_restarted" in row else None,
         "engine": str(row.get("engine", "")) or None,
         "started_at": float(row["started_at"]),
         "finished_at": time.time(),
@@ -127,17 +149,36 @@ def manifest_row(row: dict[str, Any], fp: str) -> dict[str, Any]:
     return out
 
 
-def decided_rows(sources: list[str], statuses: list[str], kinds: list[str | None], errors: list[str | None],
-                 outputs: list[str | None], cutouts: list[str | None], fingerprints: list[str | None],
-                 sizes: list[int | None]) -> pa.Table:
+def decided_rows(
+    sources: list[str],
+    statuses: list[str],
+    kinds: list[str | None],
+    errors: list[str | None],
+    outputs: list[str | None],
+    cutouts: list[str | None],
+    fingerprints: list[str | None],
+    sizes: list[int | None],
+) -> pa.Table:
     """Manifest rows for inputs decided without touching the image (skipped, unsafe, ignored)."""
     n, now = len(sources), time.time()
     columns: dict[str, Any] = {
-        "source": sources, "output": outputs, "cutout": cutouts, "status": statuses, "error_kind": kinds,
-        "error": errors, "fingerprint": fingerprints, "width": [None] * n, "height": [None] * n,
-        "input_bytes": sizes, "node": [None] * n, "actor": [None] * n, "engine": [None] * n,
+        "source": sources,
+        "output": outputs,
+        "cutout": cutouts,
+        "status": statuses,
+        "error_kind": kinds,
+        "error": errors,
+        "fingerprint": fingerprints,
+        "width": [None] * n,
+        "height": [None] * n,
+        "input_bytes": sizes,
+        "node": [None] * n,
+        "actor": [None] * n,
+        "actor_restarted": [None] * n,
+        "engine": [None] * n,
         **{c: np.zeros(n, dtype=np.float32) for c in TIME_COLUMNS},
-        "started_at": np.full(n, now), "finished_at": np.full(n, now),
+        "started_at": np.full(n, now),
+        "finished_at": np.full(n, now),
     }
     return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in MANIFEST_SCHEMA})
 

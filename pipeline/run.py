@@ -12,22 +12,24 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from operators import storage
-from operators.keys import is_under
-from pipeline import lease
-from pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
-from pipeline.engine_choice import EngineChoice, cached_choice, check_local_cuda, check_precision
-from pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
-from pipeline.model import LoadedModel, load_model
-from pipeline.plan import InputSpec, check_input, is_list_file
-from pipeline.rows import fingerprint, one_line
-from pipeline.stages import StageSettings
-from pipeline.sysinfo import machine_info
+from maskray.operators import storage
+from maskray.operators.errors import one_line
+from maskray.operators.keys import is_under
+from maskray.pipeline import lease
+from maskray.pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
+from maskray.pipeline.engine_choice import EngineChoice, cached_choice, check_local_cuda, check_precision
+from maskray.pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
+from maskray.pipeline.model import LoadedModel, load_model
+from maskray.pipeline.plan import InputSpec, check_input, is_list_file
+from maskray.pipeline.rows import fingerprint
+from maskray.pipeline.stages import StageSettings
+from maskray.pipeline.sysinfo import machine_info
 
 log = logging.getLogger("maskray")
+
 
 @dataclass
 class RunResult:
@@ -37,7 +39,7 @@ class RunResult:
 
 
 def new_run_id() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
 def check_locations(cfg: RunConfig) -> None:
@@ -59,19 +61,17 @@ def probe_output(cfg: RunConfig, run_id: str) -> None:
         raise ConfigError(f"output {cfg.output}: cannot write ({one_line(exc)})") from None
 
 
-def stage_settings(cfg: RunConfig, fp: str) -> StageSettings:
-    return StageSettings(
-        output=cfg.output.rstrip("/"), fingerprint=fp, storage_options=cfg.storage_options,
-        writes_mask=cfg.writes_mask, writes_cutout=cfg.writes_cutout, max_pixels=cfg.max_pixels,
-        max_bytes=cfg.max_bytes, post_process_mask=cfg.post_process_mask, bgcolor=cfg.bgcolor,
-        png_level=cfg.png_level, mask_resize=cfg.mask_resize, fast_decode=cfg.fast_decode,
-        batch_size=cfg.batch_size, io_threads=cfg.io_threads,
-    )
-
-
 def run_fingerprint(cfg: RunConfig, model: LoadedModel, engine: EngineChoice) -> str:
-    return fingerprint(model.md5, cfg.format, cfg.post_process_mask, cfg.bgcolor, cfg.png_level, engine.spec.label,
-                       cfg.mask_resize, cfg.fast_decode)
+    return fingerprint(
+        model.md5,
+        cfg.format,
+        cfg.post_process_mask,
+        cfg.bgcolor,
+        cfg.png_level,
+        engine.spec.label,
+        cfg.mask_resize,
+        cfg.fast_decode,
+    )
 
 
 def run_dir_exists(cfg: RunConfig, run_id: str) -> bool:
@@ -90,8 +90,7 @@ def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec, EngineCh
     if cfg.device == "cuda" and not (cfg.address or os.environ.get("RAY_ADDRESS")):
         check_local_cuda(cfg)
     model = load_model(cfg.model, cfg.model_md5, cfg.storage_options)
-    spec = replace(check_input(cfg.input, cfg.output, cfg.storage_options),
-                   allow_local_sources=cfg.allow_local_sources)
+    spec = replace(check_input(cfg.input, cfg.output, cfg.storage_options), allow_local_sources=cfg.allow_local_sources)
     engine = cached_choice(cfg, model.data, model.md5)
     run_id = cfg.run_id or new_run_id()
     reused = run_dir_exists(cfg, run_id)
@@ -119,19 +118,28 @@ def execute(cfg: RunConfig) -> RunResult:
         held.release()
 
 
-def execute_leased(cfg: RunConfig, t0: float, run_id: str, reused: bool, model: LoadedModel, spec: InputSpec,
-                   engine: EngineChoice, held: lease.Lease) -> RunResult:
-    from pipeline import execution  # imports Ray; kept out of the fail-fast path above
-    from pipeline.sink import ManifestSink
+def execute_leased(
+    cfg: RunConfig,
+    t0: float,
+    run_id: str,
+    reused: bool,
+    model: LoadedModel,
+    spec: InputSpec,
+    engine: EngineChoice,
+    held: lease.Lease,
+) -> RunResult:
+    from maskray.pipeline import execution  # imports Ray; kept out of the fail-fast path above
+    from maskray.pipeline.sink import ManifestSink
 
     attempt = uuid.uuid4().hex[:8]
     fp = run_fingerprint(cfg, model, engine)
     sink = ManifestSink(cfg.output, run_id, attempt, cfg.storage_options)
+
     def on_stop(signal_name: str) -> None:
         record_interruption(cfg, run_id, attempt, signal_name, sink.stats, t0)
         held.release()
 
-    placement = execution.run_graph(cfg, spec, model, stage_settings(cfg, fp), engine, sink, on_stop=on_stop)
+    placement = execution.run_graph(cfg, spec, model, StageSettings.of(cfg, fp), engine, sink, on_stop=on_stop)
     storage.forget_listings(cfg.output, cfg.storage_options)  # the workers wrote under it
     if reused:
         removed = remove_other_attempts(cfg.output, run_id, attempt, cfg.storage_options)
@@ -145,14 +153,21 @@ def execute_leased(cfg: RunConfig, t0: float, run_id: str, reused: bool, model: 
     return RunResult(summary, 3 if summary["failed"] else 0, manifest_dir(cfg.output, run_id))
 
 
-def record_interruption(cfg: RunConfig, run_id: str, attempt: str, signal_name: str, stats: dict[str, Any],
-                        t0: float) -> None:
+def record_interruption(
+    cfg: RunConfig, run_id: str, attempt: str, signal_name: str, stats: dict[str, Any], t0: float
+) -> None:
     """``_manifest/<run>/_interrupted.json``: what the committed parts hold so far. Never the
     output's ``_summary.json``, which marks a complete run."""
-    record = {"run_id": run_id, "attempt": attempt, "interrupted_by": signal_name,
-              "seconds": round(time.time() - t0, 3), "committed_rows": stats.get("rows", 0),
-              "status": stats.get("status", {}), "manifest_parts": stats.get("parts", 0),
-              "at": datetime.now(UTC).isoformat()}
+    record = {
+        "run_id": run_id,
+        "attempt": attempt,
+        "interrupted_by": signal_name,
+        "seconds": round(time.time() - t0, 3),
+        "committed_rows": stats.get("rows", 0),
+        "status": stats.get("status", {}),
+        "manifest_parts": stats.get("parts", 0),
+        "at": datetime.now(timezone.utc).isoformat(),
+    }
     try:
         uri = storage.join_uri(manifest_dir(cfg.output, run_id), "_interrupted.json")
         storage.write_bytes_atomic(uri, json.dumps(record, indent=2).encode(), cfg.storage_options)
@@ -160,8 +175,17 @@ def record_interruption(cfg: RunConfig, run_id: str, attempt: str, signal_name: 
         log.warning("could not record the interruption: %s", one_line(exc))
 
 
-def build_summary(cfg: RunConfig, run_id: str, attempt: str, fp: str, model: LoadedModel, stats: dict[str, Any],
-                  seconds: float, t0: float, placement: dict[str, Any]) -> dict[str, Any]:
+def build_summary(
+    cfg: RunConfig,
+    run_id: str,
+    attempt: str,
+    fp: str,
+    model: LoadedModel,
+    stats: dict[str, Any],
+    seconds: float,
+    t0: float,
+    placement: dict[str, Any],
+) -> dict[str, Any]:
     status = stats["status"]
     ok = status.get("ok", 0)
     first = stats["first_ok_at"]
@@ -191,6 +215,6 @@ def build_summary(cfg: RunConfig, run_id: str, attempt: str, fp: str, model: Loa
         "model": {"uri": redact_uri(cfg.model), "md5": model.md5, "precisions": list(model.precisions)},
         "cluster": placement,
         "machine": machine_info(),
-        "started_at": datetime.fromtimestamp(t0, UTC).isoformat(),
-        "finished_at": datetime.now(UTC).isoformat(),
+        "started_at": datetime.fromtimestamp(t0, timezone.utc).isoformat(),
+        "finished_at": datetime.now(timezone.utc).isoformat(),
     }

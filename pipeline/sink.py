@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
-from operators import storage
-from pipeline.manifest import (
+from maskray.operators import storage
+from maskray.pipeline.manifest import (
     ROWS_PER_PART,
     block_stats,
     empty_stats,
@@ -27,14 +27,15 @@ from pipeline.manifest import (
     part_name,
     write_record,
 )
-from pipeline.rows import IGNORED, MANIFEST_SCHEMA
+from maskray.pipeline.rows import IGNORED, MANIFEST_SCHEMA
 
 
 class ManifestSink(Datasink):
     """Ray Data sink: each write task writes one Parquet part and returns its statistics."""
 
-    def __init__(self, output: str, run_id: str, attempt: str, storage_options: dict,
-                 rows_per_part: int = ROWS_PER_PART) -> None:
+    def __init__(
+        self, output: str, run_id: str, attempt: str, storage_options: dict, rows_per_part: int = ROWS_PER_PART
+    ) -> None:
         self.dir = manifest_dir(output, run_id)
         self.attempt = attempt
         self.options = storage_options
@@ -61,5 +62,3 @@ class ManifestSink(Datasink):
 
     def on_write_complete(self, write_result: Any) -> None:
         self.stats = merge_stats(write_result.write_returns)
-
-

@@ -20,40 +20,63 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from operators import storage
-from operators.decode import ImageError, decode_for_model, decode_rgb
-from operators.encode import encode_mask_png, encode_rgba_png
-from operators.keys import CUTOUT_DIR, MASK_DIR, UnsafeKeyError, output_uri
-from operators.postprocess import cutout, post_process_mask, resize_mask
-from operators.preprocess import MODEL_SIZE, resize_for_model
-from pipeline import rows
-from pipeline.rows import MANIFEST_SCHEMA, OK, PENDING
+from maskray.operators import storage
+from maskray.operators.decode import ImageError, decode_for_model, decode_rgb
+from maskray.operators.encode import encode_mask_png, encode_rgba_png
+from maskray.operators.errors import one_line
+from maskray.operators.keys import CUTOUT_DIR, MASK_DIR, UnsafeKeyError, output_uri
+from maskray.operators.postprocess import cutout, post_process_mask, resize_mask
+from maskray.operators.preprocess import MODEL_SIZE, resize_for_model
+from maskray.pipeline import rows
+from maskray.pipeline.config import RunConfig
+from maskray.pipeline.rows import MANIFEST_SCHEMA, OK, PENDING
 
 
 @dataclass(frozen=True)
 class StageSettings:
-    """The config fields the stages use (they never see the whole config)."""
+    """The config fields the stages use (they never see the whole config); defaults live in
+    ``RunConfig`` alone, so these are always built from one (``of``)."""
 
     output: str
     fingerprint: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    writes_mask: bool = True
-    writes_cutout: bool = False
-    max_pixels: int = 64_000_000
-    max_bytes: int = 256 * 1024 * 1024
-    post_process_mask: bool = False
-    bgcolor: tuple[int, int, int, int] | None = None
-    png_level: int = 1
-    mask_resize: str = "cubic"  # operators.postprocess.MASK_RESIZES
-    fast_decode: bool = False  # JPEGs decoded at a reduced DCT scale for the model (not for cutouts)
-    batch_size: int = 4  # rows per prepared batch (what one inference call takes)
-    io_threads: int = 16  # concurrent storage requests per worker process; 1 = one at a time
+    storage_options: dict[str, Any]
+    writes_mask: bool
+    writes_cutout: bool
+    max_pixels: int
+    max_bytes: int
+    post_process_mask: bool
+    bgcolor: tuple[int, int, int, int] | None
+    png_level: int
+    mask_resize: str  # maskray.operators.postprocess.MASK_RESIZES
+    fast_decode: bool  # JPEGs decoded at a reduced DCT scale for the model (not for cutouts)
+    batch_size: int  # rows per prepared batch (what one inference call takes)
+    io_threads: int  # concurrent storage requests per worker process; 1 = one at a time
+
+    @classmethod
+    def of(cls, cfg: RunConfig, fingerprint: str) -> StageSettings:
+        return cls(
+            output=cfg.output.rstrip("/"),
+            fingerprint=fingerprint,
+            storage_options=cfg.storage_options,
+            writes_mask=cfg.writes_mask,
+            writes_cutout=cfg.writes_cutout,
+            max_pixels=cfg.max_pixels,
+            max_bytes=cfg.max_bytes,
+            post_process_mask=cfg.post_process_mask,
+            bgcolor=cfg.bgcolor,
+            png_level=cfg.png_level,
+            mask_resize=cfg.mask_resize,
+            fast_decode=cfg.fast_decode,
+            batch_size=cfg.batch_size,
+            io_threads=cfg.io_threads,
+        )
 
 
 class Timer:
@@ -85,6 +108,7 @@ def io_map(fn: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any
 
 # ---------------------------------------------------------------- prepare: read, decode, resize
 
+
 def fetch(source: str, size: int, s: StageSettings) -> bytes:
     """One GET. The size comes from the listing when there was one (no HEAD for it); for list
     entries the read is capped at ``max_bytes + 1`` so an oversized file is never held whole."""
@@ -112,7 +136,7 @@ def read_reason(exc: BaseException, source: str) -> str:
         return "http 404" if web else "not found"
     if isinstance(exc, TimeoutError) or "timeout" in type(exc).__name__.lower():
         return "timeout"
-    return rows.one_line(exc)
+    return one_line(exc)
 
 
 def start_row(source: str, key: str, size: int, s: StageSettings) -> dict[str, Any]:
@@ -141,7 +165,8 @@ def decode_row(row: dict[str, Any], s: StageSettings) -> dict[str, Any]:
     try:
         reduce_to = MODEL_SIZE if s.fast_decode and not s.writes_cutout else None
         rgb, (row["width"], row["height"]) = timer.run(
-            "decode", lambda: decode_for_model(row["data"], s.max_pixels, reduce_to))
+            "decode", lambda: decode_for_model(row["data"], s.max_pixels, reduce_to)
+        )
         row["pre"] = timer.run("preprocess", lambda: resize_for_model(rgb).tobytes())
         if not s.writes_cutout:
             row["data"] = b""
@@ -163,10 +188,11 @@ def prepare_batch(batch: dict[str, np.ndarray], settings: StageSettings) -> Iter
     started = io_map(lambda it: start_row(str(it[0]), str(it[1]), int(it[2]), settings), items, settings.io_threads)
     step = max(1, settings.batch_size)
     for i in range(0, len(started), step):
-        yield rows.columns([decode_row(r, settings) for r in started[i:i + step]])
+        yield rows.columns([decode_row(r, settings) for r in started[i : i + step]])
 
 
 # ---------------------------------------------------------------- finish: resize, encode, write
+
 
 def encode_outputs(row: dict[str, Any], s: StageSettings, timer: Timer) -> list[tuple[str, bytes]]:
     """Mask at full size and optional cutout, encoded: [(uri, png bytes)]."""
@@ -191,10 +217,10 @@ def write_outputs(row: dict[str, Any], encoded: list[tuple[str, bytes]], s: Stag
     timer = Timer()
     try:
         for uri, png in encoded:
-            timer.run("write", lambda u=uri, p=png: storage.write_bytes_atomic(u, p, s.storage_options))
+            timer.run("write", partial(storage.write_bytes_atomic, uri, png, s.storage_options))
         row["status"] = OK
     except Exception as exc:  # noqa: BLE001
-        rows.fail(row, "write", f"write: {rows.one_line(exc)}")
+        rows.fail(row, "write", f"write: {one_line(exc)}")
     row["write_ms"] = float(row.get("write_ms") or 0.0) + timer.ms.get("write", 0.0)
 
 
@@ -210,7 +236,7 @@ def finish_rows(batch_rows: list[dict[str, Any]], s: StageSettings) -> list[dict
         except ImageError as exc:
             rows.fail(row, exc.kind, str(exc))
         except Exception as exc:  # noqa: BLE001
-            rows.fail(row, "write", f"write: encode: {rows.one_line(exc)}")
+            rows.fail(row, "write", f"write: encode: {one_line(exc)}")
         for k, v in timer.ms.items():
             row[f"{k}_ms"] = float(row.get(f"{k}_ms") or 0.0) + v
     io_map(lambda w: write_outputs(w[0], w[1], s), writes, s.io_threads)
@@ -233,8 +259,12 @@ _DECIDED = {  # decision -> (status, error_kind, error)
     "done": (rows.SKIPPED, rows.DONE, None),
     "duplicate": (rows.SKIPPED, rows.DUPLICATE, rows.DUPLICATE_REASON),
     "unsafe": (rows.ERROR, "unsafe_source", "unsafe_source: lies under the output prefix"),
-    "local": (rows.ERROR, "unsafe_source", "unsafe_source: a local path in a list read from a bucket "
-              "(each worker would read its own disk; pass --allow-local-sources to allow it)"),
+    "local": (
+        rows.ERROR,
+        "unsafe_source",
+        "unsafe_source: a local path in a list read from a bucket "
+        "(each worker would read its own disk; pass --allow-local-sources to allow it)",
+    ),
     "scheme": (rows.ERROR, "read", "read: unsupported scheme (supported: gs://, s3://, http(s)://, local paths)"),
     "ignored": (rows.IGNORED, None, None),
 }
@@ -247,10 +277,17 @@ def decided_batch(batch: pa.Table, s: StageSettings) -> pa.Table:
     outcome = [_DECIDED[d] for d in decisions]
     done = [d == "done" for d in decisions]
     mask = [output_uri(s.output, MASK_DIR, k) if d and s.writes_mask else None for d, k in zip(done, keys, strict=True)]
-    cut = [output_uri(s.output, CUTOUT_DIR, k) if d and s.writes_cutout else None
-           for d, k in zip(done, keys, strict=True)]
+    cut = [
+        output_uri(s.output, CUTOUT_DIR, k) if d and s.writes_cutout else None for d, k in zip(done, keys, strict=True)
+    ]
     sizes = [v if v is not None and v >= 0 else None for v in batch.column("size").to_pylist()]
     return rows.decided_rows(
-        batch.column("source").to_pylist(), [o[0] for o in outcome], [o[1] for o in outcome],
-        [o[2] for o in outcome], [m or c for m, c in zip(mask, cut, strict=True)], cut,
-        [s.fingerprint if d else None for d in done], sizes)
+        batch.column("source").to_pylist(),
+        [o[0] for o in outcome],
+        [o[1] for o in outcome],
+        [o[2] for o in outcome],
+        [m or c for m, c in zip(mask, cut, strict=True)],
+        cut,
+        [s.fingerprint if d else None for d in done],
+        sizes,
+    )

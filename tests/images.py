@@ -26,8 +26,10 @@ def encode(img: Image.Image, fmt: str, **kw) -> bytes:
 
 def png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height, with a tiny body: a decompression bomb's header."""
+
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 

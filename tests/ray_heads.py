@@ -28,8 +28,14 @@ def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class RayHead:
     """`ray start --head --block` with the job server; .address is the GCS, .dashboard the job API."""
 
-    def __init__(self, log_dir: Path, num_cpus: int, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        num_cpus: int,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
         self.port, self.dash_port = port or free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard = f"http://127.0.0.1:{self.dash_port}"
@@ -38,13 +44,27 @@ class RayHead:
         # Unix socket paths are capped at 107 bytes: pytest's tmp paths are too long for Ray.
         self.temp_dir = tempfile.mkdtemp(prefix="rh-", dir="/tmp")
         self.proc = subprocess.Popen(
-            [str(BIN / "ray"), "start", "--head", "--block", f"--port={self.port}", f"--num-cpus={num_cpus}",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dash_port}", "--include-dashboard=true",
-             f"--temp-dir={self.temp_dir}", *(extra_args or [])],
-            stdout=self.log, stderr=self.log, env=self.env, start_new_session=True,
+            [
+                str(BIN / "ray"),
+                "start",
+                "--head",
+                "--block",
+                f"--port={self.port}",
+                f"--num-cpus={num_cpus}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dash_port}",
+                "--include-dashboard=true",
+                f"--temp-dir={self.temp_dir}",
+                *(extra_args or []),
+            ],
+            stdout=self.log,
+            stderr=self.log,
+            env=self.env,
+            start_new_session=True,
         )
-        wait_http_ok(f"{self.dashboard}/api/version", 90.0, f"ray head (log: {self.log.name})",
-                     lambda: self.proc.poll() is None)
+        wait_http_ok(
+            f"{self.dashboard}/api/version", 90.0, f"ray head (log: {self.log.name})", lambda: self.proc.poll() is None
+        )
 
     def stop(self) -> None:
         try:

@@ -51,9 +51,24 @@ class GcsEmulator:
         binary = gcs_binary()
         binary.chmod(binary.stat().st_mode | 0o111)
         self.proc = subprocess.Popen(
-            [str(binary), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
-             "-external-url", self.url, "-backend", "memory", "-log-level", "warn"],
-            stdout=self.log, stderr=self.log, start_new_session=True,
+            [
+                str(binary),
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(self.port),
+                "-external-url",
+                self.url,
+                "-backend",
+                "memory",
+                "-log-level",
+                "warn",
+            ],
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
         )
         wait_http_ok(f"{self.url}/storage/v1/b", 20.0, "fake-gcs-server", lambda: self.proc.poll() is None)
 
@@ -92,3 +107,12 @@ def set_env(values: dict[str, str]) -> dict[str, str | None]:
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     return old
+
+
+def restore_env(old: dict[str, str | None]) -> None:
+    """Put back exactly what ``set_env`` replaced: earlier values, and absence."""
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.cli import main
+from maskray.pipeline.cli import main
 from tests import images
 from tests.ray_heads import BIN, RayHead, ray_env
 
@@ -88,8 +88,10 @@ def test_multi_node_actors_on_several_nodes(local_cluster, reference_masks, tmp_
     assert main(["run", "--input", str(src), "--output", str(out), "--no-progress"]) == 0
     summary, rows = check_exactly_once(out, len(ref), ref)
     nodes = {r["node"] for r in rows}
-    print(f"multi-node: {time.monotonic() - t0:.1f}s, pool {summary['cluster']['pool_size']}, "
-          f"masks per node {[sum(r['node'] == n for r in rows) for n in nodes]}")
+    print(
+        f"multi-node: {time.monotonic() - t0:.1f}s, pool {summary['cluster']['pool_size']}, "
+        f"masks per node {[sum(r['node'] == n for r in rows) for n in nodes]}"
+    )
     assert summary["cluster"]["nodes"] == 3 and summary["cluster"]["pool_size"] == 3
     assert len(nodes) >= 2
 
@@ -101,13 +103,24 @@ def run_in_thread(argv: list[str]) -> tuple[threading.Thread, dict]:
     return thread, result
 
 
-def wait_for_masks(out: Path, n: int, timeout: float = 120) -> None:
+def wait_for_masks(out: Path, n: int, timeout: float = 120) -> int:
+    """Wait until at least ``n`` masks exist; returns how many there are then."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (out / "masks").exists() and len(list((out / "masks").glob("*.png"))) >= n:
-            return
+        found = len(list((out / "masks").glob("*.png"))) if (out / "masks").exists() else 0
+        if found >= n:
+            return found
         time.sleep(0.2)
     raise AssertionError("run made no progress")
+
+
+def assert_struck_mid_run(rows: list[dict], masks_before: int, struck_at: float, total: int) -> None:
+    """The fault came while masks were still being produced: masks were missing when it struck,
+    and rows finished after it."""
+    assert masks_before < total, f"the fault came after all {total} masks were written"
+    after = [r for r in rows if r["status"] == "ok" and r["finished_at"] > struck_at]
+    assert after, "no mask was finished after the fault"
+    print(f"fault after {masks_before}/{total} masks; {len(after)} rows finished after it")
 
 
 def test_inference_actor_killed_mid_run(local_cluster, reference_masks, tmp_path):
@@ -119,17 +132,20 @@ def test_inference_actor_killed_mid_run(local_cluster, reference_masks, tmp_path
     wait_for_masks(out, 2)
     victims = [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "InferenceActor" in a.class_name]
     assert victims
+    masks_before, struck_at = wait_for_masks(out, 0), time.time()
     os.kill(victims[0].pid, 9)  # a real crash of the worker process
     thread.join(timeout=300)
     assert result.get("code") == 0
     summary, rows = check_exactly_once(out, len(ref), ref)
+    assert_struck_mid_run(rows, masks_before, struck_at, len(ref))
+    with pytest.raises(ProcessLookupError):
+        os.kill(victims[0].pid, 0)  # the process is gone; its batches were retried elsewhere
     # Ray restarts the killed actor; the restarted process shows in the manifest only if a batch
-    # was left for it, which on a busy host it may not be: ask Ray's state API as well.
-    killed = list_actors(filters=[("actor_id", "=", victims[0].actor_id)], detail=True)
-    ray_restarts = killed[0].num_restarts if killed else 0
-    print(f"actor kill: actor processes used {summary['cluster']['actor_processes']}, "
-          f"restarts in the manifest {summary['cluster']['actor_restarts']}, by Ray's state API {ray_restarts}")
-    assert summary["cluster"]["actor_restarts"] >= 1 or ray_restarts >= 1
+    # was left for it, which on a busy host it may not be.
+    print(
+        f"actor kill: actor processes used {summary['cluster']['actor_processes']}, "
+        f"restarted actors in the manifest {summary['cluster']['actor_restarts']}"
+    )
 
 
 def test_worker_node_removed_mid_run(local_cluster, reference_masks, tmp_path):
@@ -138,16 +154,17 @@ def test_worker_node_removed_mid_run(local_cluster, reference_masks, tmp_path):
     out = tmp_path / "out"
     thread, result = run_in_thread(["run", "--input", str(src), "--output", str(out), "--no-progress"])
     wait_for_masks(out, 2)
+    masks_before, struck_at = wait_for_masks(out, 0), time.time()
     cluster.remove_node(workers[0], allow_graceful=False)  # main thread, as cluster_utils requires
     thread.join(timeout=300)
     assert result.get("code") == 0
     summary, rows = check_exactly_once(out, len(ref), ref)
-    print(f"node removal: nodes seen in rows {len({r['node'] for r in rows})}, "
-          f"actor restarts {summary['cluster']['actor_restarts']}")
+    assert_struck_mid_run(rows, masks_before, struck_at, len(ref))
+    print(f"node removal: nodes seen in rows {len({r['node'] for r in rows})}")
 
 
 def test_job_submission_against_emulated_bucket(tmp_path, gcs_server, bucket_name):
-    from operators import storage
+    from maskray.operators import storage
 
     fs = storage.filesystem("gs://x")
     fs.mkdir(bucket_name)
@@ -157,9 +174,22 @@ def test_job_submission_against_emulated_bucket(tmp_path, gcs_server, bucket_nam
     try:
         t0 = time.monotonic()
         proc = subprocess.run(
-            [str(BIN / "maskray"), "submit", "--address", head.dashboard, "--input", f"gs://{bucket_name}/in",
-             "--output", f"gs://{bucket_name}/out", "--no-progress"],
-            capture_output=True, text=True, timeout=600, env=ray_env(), cwd=tmp_path,
+            [
+                str(BIN / "maskray"),
+                "submit",
+                "--address",
+                head.dashboard,
+                "--input",
+                f"gs://{bucket_name}/in",
+                "--output",
+                f"gs://{bucket_name}/out",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=ray_env(),
+            cwd=tmp_path,
         )
         print(f"job submission: {time.monotonic() - t0:.1f}s")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -213,12 +243,47 @@ worker_start_ray_commands: []
 """
 
 
-def alive_workers(address: str) -> int:
-    code = ("import ray,sys; ray.init(address=sys.argv[1], log_to_driver=False);"
-            "print(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU',0)>0))")
-    out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, timeout=120,
-                         env=ray_env())
-    return int(out.stdout.strip().splitlines()[-1])
+class WorkerWatch:
+    """Worker nodes alive over time, sampled every second by one driver process (a fresh
+    ``ray.init`` per sample cost more CPU than the run under test)."""
+
+    CODE = (
+        "import ray, sys, time\n"
+        "ray.init(address=sys.argv[1], log_to_driver=False)\n"
+        "while True:\n"
+        "    print(sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU', 0) > 0), flush=True)\n"
+        "    time.sleep(1)\n"
+    )
+
+    def __init__(self, address: str) -> None:
+        self.t0 = time.monotonic()
+        self.timeline: list[tuple[float, int]] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE, address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=ray_env(),
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.strip().isdigit():
+                self.timeline.append((time.monotonic() - self.t0, int(line)))
+
+    def wait_for(self, n: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.timeline and self.timeline[-1][1] == n:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 def test_autoscaler_adds_workers_for_the_pool_and_removes_them_when_idle(tmp_path):
@@ -226,39 +291,42 @@ def test_autoscaler_adds_workers_for_the_pool_and_removes_them_when_idle(tmp_pat
     config.write_text(FAKE_AUTOSCALER)
     src = photo_folder(tmp_path / "in", 1)
     # The fake provider's nodes join the GCS on the default port 6379, so the head must use it.
-    head = RayHead(tmp_path, num_cpus=0, extra_args=[f"--autoscaling-config={config}"],
-                   env={"RAY_FAKE_CLUSTER": "1"}, port=6379)
-    timeline = []
+    head = RayHead(
+        tmp_path, num_cpus=0, extra_args=[f"--autoscaling-config={config}"], env={"RAY_FAKE_CLUSTER": "1"}, port=6379
+    )
+    watch = WorkerWatch(head.address)
     try:
-        timeline.append((0.0, alive_workers(head.address)))
-        t0 = time.monotonic()
+        assert watch.wait_for(0, 60)  # the watcher is up, and no worker node yet
         # Pool of 2 x 0.75 CPU on a head with 0 CPUs: pending actors are demand; maskray also asks.
         proc = subprocess.Popen(
-            [str(BIN / "maskray"), "run", "--input", str(src), "--output", str(tmp_path / "out"),
-             "--address", head.address, "--pool-size", "2", "--no-progress"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ray_env(),
+            [
+                str(BIN / "maskray"),
+                "run",
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / "out"),
+                "--address",
+                head.address,
+                "--pool-size",
+                "2",
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=ray_env(),
         )
-        def sample() -> None:
-            while proc.poll() is None:
-                timeline.append((time.monotonic() - t0, alive_workers(head.address)))
-                time.sleep(1)
 
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
         output, _ = proc.communicate(timeout=600)
-        sampler.join(timeout=120)
         assert proc.returncode == 0, output[-4000:]
         summary, rows = rows_of(tmp_path / "out")
         assert summary["ok"] == len(images.PHOTOS)
         assert len({r["node"] for r in rows}) >= 1
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            n = alive_workers(head.address)
-            timeline.append((time.monotonic() - t0, n))
-            if n == 0:
-                break
-            time.sleep(5)
-        print("autoscaler timeline (s, worker nodes):", [(round(t, 1), n) for t, n in timeline])
-        assert timeline[0][1] == 0 and max(n for _, n in timeline) >= 1 and timeline[-1][1] == 0
+        idle = watch.wait_for(0, 180)
+        timeline = watch.timeline
+        print("autoscaler timeline (s, worker nodes):", [(round(t, 1), n) for t, n in timeline[::5]])
+        assert timeline[0][1] == 0 and max(n for _, n in timeline) >= 1 and idle
     finally:
+        watch.stop()
         head.stop()

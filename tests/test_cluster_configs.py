@@ -84,8 +84,10 @@ def test_kuberay_raycluster_and_rayjob():
     for doc in docs.values():
         assert doc["apiVersion"] == "ray.io/v1" and doc["metadata"]["name"]
     check_cluster_spec(docs["RayCluster"]["spec"])
-    assert any("nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]
-               for g in docs["RayCluster"]["spec"]["workerGroupSpecs"])
+    assert any(
+        "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]
+        for g in docs["RayCluster"]["spec"]["workerGroupSpecs"]
+    )
     job = docs["RayJob"]["spec"]
     check_cluster_spec(job["rayClusterSpec"])
     assert job["entrypoint"].startswith("maskray run") and job["shutdownAfterJobFinishes"] is True

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.config import ConfigError, resolve_config
+from maskray.pipeline.cli import main
+from maskray.pipeline.config import ConfigError, resolve_config
 
 
 def test_layers_defaults_file_env_flags(tmp_path):
@@ -47,8 +47,18 @@ def run_cli(args, capsys):
 
 def test_missing_model_exits_2(tmp_path, capsys):
     (tmp_path / "in").mkdir()
-    code, err = run_cli(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
-                         "--model", str(tmp_path / "nope.onnx")], capsys)
+    code, err = run_cli(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(tmp_path / "out"),
+            "--model",
+            str(tmp_path / "nope.onnx"),
+        ],
+        capsys,
+    )
     assert code == 2 and err.count("\n") == 0 and "nope.onnx: not found" in err
     assert not (tmp_path / "out").exists()
 
@@ -64,8 +74,20 @@ def test_unloadable_model_without_hash_check_exits_2(tmp_path, capsys):
     fake = tmp_path / "m.onnx"
     fake.write_bytes(b"garbage")
     (tmp_path / "in").mkdir()
-    code, err = run_cli(["run", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "o"),
-                         "--model", str(fake), "--model-md5", "none"], capsys)
+    code, err = run_cli(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(tmp_path / "o"),
+            "--model",
+            str(fake),
+            "--model-md5",
+            "none",
+        ],
+        capsys,
+    )
     assert code == 2 and "not a loadable ONNX model" in err
 
 
@@ -83,8 +105,18 @@ def test_missing_input_prefix_exits_2(tmp_path, capsys, model_path):
 @pytest.mark.slow
 def test_unreachable_bucket_exits_2_in_one_line(tmp_path, model_path):
     """A real subprocess against a closed port: the storage client fails, we print one line."""
-    env_cmd = [sys.executable, "-m", "pipeline.cli", "run", "--input", "gs://nobucket/in",
-               "--output", str(tmp_path / "o"), "--endpoint-url", "http://127.0.0.1:9"]
+    env_cmd = [
+        sys.executable,
+        "-m",
+        "maskray.pipeline.cli",
+        "run",
+        "--input",
+        "gs://nobucket/in",
+        "--output",
+        str(tmp_path / "o"),
+        "--endpoint-url",
+        "http://127.0.0.1:9",
+    ]
     proc = subprocess.run(env_cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("maskray:")]
@@ -109,10 +141,16 @@ def test_an_unknown_option_is_named_with_the_closest_valid_one(tmp_path, key, hi
 
 
 def test_recorded_config_redacts_storage_options_and_uri_credentials():
-    from pipeline.config import dump_yaml, recorded_config
+    from maskray.pipeline.config import dump_yaml, recorded_config
 
-    cfg = resolve_config({"input": "s3://AKIAKEY:s3cr3t@bkt/in", "output": "gs://b/out",
-                          "storage_options": {"key": "AKIAKEY", "secret": "s3cr3t", "token": "tok"}}, environ={})
+    cfg = resolve_config(
+        {
+            "input": "s3://AKIAKEY:s3cr3t@bkt/in",
+            "output": "gs://b/out",
+            "storage_options": {"key": "AKIAKEY", "secret": "s3cr3t", "token": "tok"},
+        },
+        environ={},
+    )
     data = recorded_config(cfg)
     text = dump_yaml(cfg) + str(data)
     assert "s3cr3t" not in text and "AKIAKEY" not in text and "tok'" not in text

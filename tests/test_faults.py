@@ -20,10 +20,10 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
-from operators import storage
-from pipeline import lease
-from pipeline.cli import main
-from pipeline.config import ConfigError
+from maskray.operators import storage
+from maskray.pipeline import lease
+from maskray.pipeline.cli import main
+from maskray.pipeline.config import ConfigError
 from tests import images
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -44,8 +44,20 @@ def rows_of(out: Path) -> tuple[dict, list[dict]]:
 
 
 def start(src: Path, out: Path, *flags: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "--input", str(src), "--output", str(out), "--no-progress",
-           "--num-cpus", "2", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "maskray.pipeline.cli",
+        "run",
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--num-cpus",
+        "2",
+        *flags,
+    ]
     return subprocess.Popen(cmd, env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -78,8 +90,14 @@ def test_a_second_run_on_a_live_output_exits_2_naming_the_live_run(tmp_path, cap
 
 
 def write_lease(out: Path, **fields) -> None:
-    body = {"run_id": "20260101T000000Z-abcdef", "host": "elsewhere", "pid": 1, "started_at": 0.0,
-            "heartbeat_at": time.time(), **fields}
+    body = {
+        "run_id": "20260101T000000Z-abcdef",
+        "host": "elsewhere",
+        "pid": 1,
+        "started_at": 0.0,
+        "heartbeat_at": time.time(),
+        **fields,
+    }
     (out / "_manifest").mkdir(parents=True, exist_ok=True)
     (out / "_manifest" / "_lease.json").write_text(json.dumps(body))
 
@@ -216,7 +234,7 @@ def test_a_list_of_web_urls_is_read_over_http_with_clear_reasons(tmp_path, web_s
 
 
 def test_local_paths_in_a_bucket_list_are_refused_unless_allowed(tmp_path, gcs_server, bucket_name):
-    fs = storage.filesystem("gs://")  # the emulator-aware client (see operators.storage)
+    fs = storage.filesystem("gs://")  # the emulator-aware client (see maskray.operators.storage)
     fs.mkdir(bucket_name)
     photo = images.PHOTOS[0]
     fs.pipe_file(f"{bucket_name}/in/{photo.name}", photo.read_bytes())
@@ -230,8 +248,20 @@ def test_local_paths_in_a_bucket_list_are_refused_unless_allowed(tmp_path, gcs_s
     assert refused["status"] == "error" and refused["error_kind"] == "unsafe_source"
     assert "--allow-local-sources" in refused["error"]
     assert rows[f"gs://{bucket_name}/in/{photo.name}"]["status"] == "ok"
-    assert main(["run", "--input", f"gs://{bucket_name}/lists/l.txt", "--output", out, "--no-progress",
-                 "--allow-local-sources"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--input",
+                f"gs://{bucket_name}/lists/l.txt",
+                "--output",
+                out,
+                "--no-progress",
+                "--allow-local-sources",
+            ]
+        )
+        == 0
+    )
 
 
 # ------------------------------------------------------------------ secrets
@@ -240,11 +270,31 @@ def test_local_paths_in_a_bucket_list_are_refused_unless_allowed(tmp_path, gcs_s
 def test_submit_refuses_to_ship_credentials_and_messages_never_show_them(tmp_path, capsys):
     job = tmp_path / "job.yaml"
     job.write_text("storage_options:\n  secret: CANARY-submit-1\n")
-    code = main(["submit", "--address", "http://127.0.0.1:1", "--config", str(job), "--input", "gs://b/in",
-                 "--output", "gs://b/out"])
+    code = main(
+        [
+            "submit",
+            "--address",
+            "http://127.0.0.1:1",
+            "--config",
+            str(job),
+            "--input",
+            "gs://b/in",
+            "--output",
+            "gs://b/out",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "storage_options.secret would be stored with the job" in err and "CANARY" not in err
-    code = main(["run", "--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "o"),
-                 "--model", "s3://AKIACANARY:CANARY-secret-2@bucket/u2netp.onnx"])
+    code = main(
+        [
+            "run",
+            "--input",
+            str(tmp_path / "nowhere"),
+            "--output",
+            str(tmp_path / "o"),
+            "--model",
+            "s3://AKIACANARY:CANARY-secret-2@bucket/u2netp.onnx",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "CANARY" not in err and "s3://<redacted>@bucket" in err

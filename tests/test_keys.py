@@ -6,7 +6,7 @@ import posixpath
 
 import pytest
 
-from operators.keys import (
+from maskray.operators.keys import (
     MASK_DIR,
     UnsafeKeyError,
     is_under,
@@ -36,7 +36,7 @@ def test_output_keys_stay_under_the_output_prefix(key, prefix):
     uri = output_uri(prefix, MASK_DIR, key)
     root = prefix.rstrip("/") + "/" + MASK_DIR + "/"
     assert uri.startswith(root)
-    rest = uri[len(root):]
+    rest = uri[len(root) :]
     assert all(seg not in ("", ".", "..") for seg in rest.split("/"))
     assert "\\" not in rest and "\x00" not in rest
     assert posixpath.normpath(uri.split("://")[-1]).startswith(root.split("://")[-1].rstrip("/"))

@@ -8,12 +8,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import main
+from maskray.pipeline.cli import main
 from tests import images
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "tune_actor_pool.ipynb"
-REQUIRED = ("input_uri", "sample_size", "pool_sizes", "threads_per_actor", "cpus_per_actor", "batch_sizes",
-            "recommended_config_path")
+REQUIRED = (
+    "input_uri",
+    "sample_size",
+    "pool_sizes",
+    "threads_per_actor",
+    "cpus_per_actor",
+    "batch_sizes",
+    "recommended_config_path",
+)
 
 
 def test_parameters_cell_declares_the_documented_parameters():
@@ -36,10 +43,22 @@ def test_notebook_runs_and_its_recommendation_is_accepted(tmp_path):
     recommended = tmp_path / "recommended.yaml"
     executed = tmp_path / "executed.ipynb"
     pm.execute_notebook(
-        str(NOTEBOOK), str(executed), cwd=str(tmp_path), kernel_name="python3", progress_bar=False,
-        parameters={"input_uri": str(photos), "sample_size": 3, "pool_sizes": [1, 2], "threads_per_actor": [2],
-                    "cpus_per_actor": [0.5], "batch_sizes": [2], "output_for_config": str(tmp_path / "masks"),
-                    "recommended_config_path": str(recommended), "plots_dir": str(tmp_path / "plots")},
+        str(NOTEBOOK),
+        str(executed),
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+        parameters={
+            "input_uri": str(photos),
+            "sample_size": 3,
+            "pool_sizes": [1, 2],
+            "threads_per_actor": [2],
+            "cpus_per_actor": [0.5],
+            "batch_sizes": [2],
+            "output_for_config": str(tmp_path / "masks"),
+            "recommended_config_path": str(recommended),
+            "plots_dir": str(tmp_path / "plots"),
+        },
     )
     nb = json.loads(executed.read_text())
     pngs = [o for c in nb["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]

@@ -10,8 +10,9 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from operators import decode, encode, postprocess, preprocess, session
-from pipeline.stages import StageSettings, finish_image, prepare_image
+from maskray.operators import decode, encode, postprocess, preprocess, session
+from maskray.pipeline.config import resolve_config
+from maskray.pipeline.stages import StageSettings, finish_image, prepare_image
 from tests import images
 from tests.rembg_reference import agreement, reference_mask
 
@@ -86,8 +87,7 @@ def test_normalise_matches_rembg_tensor_bit_for_bit():
     ours = preprocess.normalise(preprocess.resize_for_model(rgb))
     im = np.array(rgb.resize((320, 320), Image.LANCZOS))
     im = im / np.max(im)
-    ref = np.stack([(im[..., c] - m) / s for c, (m, s) in enumerate(zip(preprocess.MEAN, preprocess.STD,
-                                                                       strict=True))])
+    ref = np.stack([(im[..., c] - m) / s for c, (m, s) in enumerate(zip(preprocess.MEAN, preprocess.STD, strict=True))])
     assert ours.dtype == np.float32 and ours.shape == (1, 3, 320, 320)
     assert np.array_equal(ours[0], ref.astype(np.float32))
 
@@ -129,10 +129,10 @@ def test_bgcolor_fills_behind_the_cutout():
 
 def test_png_encoders_are_lossless_and_single_channel():
     mask = (np.arange(64 * 48) % 256).astype(np.uint8).reshape(48, 64)
-    back = Image.open(io.BytesIO(encode.encode_mask_png(mask)))
+    back = Image.open(io.BytesIO(encode.encode_mask_png(mask, 1)))
     assert back.mode == "L" and np.array_equal(np.asarray(back), mask)
     rgba = Image.new("RGBA", (3, 2), (10, 20, 30, 40))
-    assert np.asarray(Image.open(io.BytesIO(encode.encode_rgba_png(rgba)))).tolist() == np.asarray(rgba).tolist()
+    assert np.asarray(Image.open(io.BytesIO(encode.encode_rgba_png(rgba, 1)))).tolist() == np.asarray(rgba).tolist()
 
 
 def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
@@ -140,7 +140,7 @@ def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
     src = tmp_path / "in" / "cat.jpg"
     src.parent.mkdir()
     src.write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
-    settings = StageSettings(output=str(tmp_path / "out"), fingerprint="fp-test")
+    settings = stage_settings(tmp_path, "fp-test")
     row = prepare_image(str(src), "cat.jpg", settings)
     assert row["status"] == "pending" and (row["width"], row["height"]) == (451, 300)
     resized = np.frombuffer(row["pre"], np.uint8).reshape(320, 320, 3)
@@ -153,7 +153,7 @@ def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
 
 
 def test_missing_source_is_a_row_not_an_exception(tmp_path):
-    settings = StageSettings(output=str(tmp_path / "out"), fingerprint="fp")
+    settings = stage_settings(tmp_path, "fp")
     row = prepare_image(str(tmp_path / "nope.jpg"), "nope.jpg", settings)
     assert row["status"] == "error" and row["error"] == "read: not found" and row["error_kind"] == "read"
 
@@ -163,7 +163,7 @@ def test_size_from_the_listing_is_checked_before_any_read(tmp_path):
     read at most max_bytes + 1 bytes and refused as well."""
     big = tmp_path / "big.jpg"
     big.write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
-    settings = StageSettings(output=str(tmp_path / "out"), fingerprint="fp", max_bytes=1000)
+    settings = stage_settings(tmp_path, "fp", max_bytes=1000)
     listed = prepare_image(str(tmp_path / "absent.jpg"), "absent.jpg", settings, size=5000)
     assert listed["error_kind"] == "too_large" and "5000 bytes" in listed["error"]  # never opened
     unlisted = prepare_image(str(big), "big.jpg", settings)
@@ -176,7 +176,7 @@ def test_fetches_and_writes_of_a_batch_overlap():
     import threading
     import time
 
-    from pipeline.stages import io_map
+    from maskray.pipeline.stages import io_map
 
     active, peak, lock = [0], [0], threading.Lock()
 
@@ -205,18 +205,23 @@ def test_error_kinds_come_from_the_operators_not_the_message():
 
 
 def test_fingerprint_changes_with_every_output_setting():
-    from pipeline.rows import fingerprint
+    from maskray.pipeline.rows import fingerprint
 
     base = dict(model_md5="a" * 32, fmt="mask", post_process_mask=False, bgcolor=None, png_level=1)
-    variants = [dict(model_md5="b" * 32), dict(fmt="both"), dict(post_process_mask=True),
-                dict(bgcolor=(0, 0, 0, 255)), dict(png_level=9)]
+    variants = [
+        dict(model_md5="b" * 32),
+        dict(fmt="both"),
+        dict(post_process_mask=True),
+        dict(bgcolor=(0, 0, 0, 255)),
+        dict(png_level=9),
+    ]
     prints = {fingerprint(**{**base, **v}) for v in variants}
     assert len(prints) == len(variants) and fingerprint(**base) not in prints
     assert fingerprint(**base) == fingerprint(**base)
 
 
 def test_low_precision_model_warns_without_bf16_hardware(monkeypatch, caplog):
-    from pipeline import model as model_mod
+    from maskray.pipeline import model as model_mod
 
     monkeypatch.setattr(model_mod, "has_bf16_hardware", lambda: False)
     with caplog.at_level("WARNING", logger="maskray"):
@@ -226,8 +231,14 @@ def test_low_precision_model_warns_without_bf16_hardware(monkeypatch, caplog):
 
 
 def test_cpu_flags_are_read_from_proc_cpuinfo():
-    from pipeline.sysinfo import cpu_flags, machine_info
+    from maskray.pipeline.sysinfo import cpu_flags, machine_info
 
     info = machine_info()
     assert info["cpu_flags"] == list(cpu_flags()) and len(info["cpu_flags"]) > 10
     assert isinstance(info["bf16_hardware"], bool)
+
+
+def stage_settings(tmp_path, fp: str, **flags) -> StageSettings:
+    """The stages' settings as a run builds them, from a config with its defaults."""
+    cfg = resolve_config({"input": str(tmp_path / "in"), "output": str(tmp_path / "out"), **flags}, environ={})
+    return StageSettings.of(cfg, fp)

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from operators import storage
-from pipeline.cli import main
+from maskray.operators import storage
+from maskray.pipeline.cli import main
 from tests import images
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -57,8 +57,9 @@ def test_gcs_emulator_end_to_end(gcs_server, bucket_name):
     code = main(["run", "--input", f"gs://{bucket_name}/in/", "--output", f"gs://{bucket_name}/out/", "--no-progress"])
     check_run(fs, "gs", bucket_name, files, code)
     # Resume: the same command skips every ok input.
-    assert main(["run", "--input", f"gs://{bucket_name}/in", "--output", f"gs://{bucket_name}/out",
-                 "--no-progress"]) == 3
+    assert (
+        main(["run", "--input", f"gs://{bucket_name}/in", "--output", f"gs://{bucket_name}/out", "--no-progress"]) == 3
+    )
     summary = json.loads(fs.cat_file(f"{bucket_name}/out/_summary.json"))
     assert summary["skipped"] == len(files) - 1 and summary["ok"] == 0
 
@@ -69,8 +70,9 @@ def test_gcs_list_input_needs_no_listing(gcs_server, bucket_name):
     files = upload_catalog(fs, f"{bucket_name}/in")
     listing = "\n".join(f"gs://{bucket_name}/in/{k}" for k in files if "truncated" not in k)
     fs.pipe_file(f"{bucket_name}/lists/todo.txt", listing.encode())
-    code = main(["run", "--input", f"gs://{bucket_name}/lists/todo.txt", "--output", f"gs://{bucket_name}/o2",
-                 "--no-progress"])
+    code = main(
+        ["run", "--input", f"gs://{bucket_name}/lists/todo.txt", "--output", f"gs://{bucket_name}/o2", "--no-progress"]
+    )
     assert code == 0
     assert fs.exists(f"{bucket_name}/o2/masks/gs/{bucket_name}/in/sub/dir/rotated.jpg.png")
 
@@ -86,8 +88,18 @@ def test_s3_end_to_end(s3_server, bucket_name, monkeypatch):
     fs = fsspec.filesystem("s3", endpoint_url=s3_server.url)
     fs.mkdir(bucket_name)
     files = upload_catalog(fs, f"{bucket_name}/in")
-    code = main(["run", "--input", f"s3://{bucket_name}/in", "--output", f"s3://{bucket_name}/out",
-                 "--no-progress", "--endpoint-url", s3_server.url])
+    code = main(
+        [
+            "run",
+            "--input",
+            f"s3://{bucket_name}/in",
+            "--output",
+            f"s3://{bucket_name}/out",
+            "--no-progress",
+            "--endpoint-url",
+            s3_server.url,
+        ]
+    )
     check_run(fs, "s3", bucket_name, files, code)
 
 
@@ -105,8 +117,20 @@ def test_fetches_and_writes_overlap_when_each_request_is_slow(gcs_server, bucket
         peaks = {}
         for threads in ("1", "16"):
             proxy.reset()
-            code = main(["run", "--input", f"gs://{bucket_name}/in", "--output", f"gs://{bucket_name}/out{threads}",
-                         "--no-progress", "--io-threads", threads, "--endpoint-url", proxy.url])
+            code = main(
+                [
+                    "run",
+                    "--input",
+                    f"gs://{bucket_name}/in",
+                    "--output",
+                    f"gs://{bucket_name}/out{threads}",
+                    "--no-progress",
+                    "--io-threads",
+                    threads,
+                    "--endpoint-url",
+                    proxy.url,
+                ]
+            )
             assert code == 0
             peaks[threads] = dict(proxy.peak)
     finally:

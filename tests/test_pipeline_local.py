@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline.cli import main
+from maskray.pipeline.cli import main
 from tests import images
 from tests.conftest import write_catalog
 from tests.rembg_reference import agreement, reference_mask
@@ -101,8 +101,9 @@ def test_rerun_skips_done_and_retries_failed_then_overwrite_redoes(first_run):
         assert status["chelsea.jpg"] == "skipped"
         assert summary["ok"] == 1 and summary["failed"] == len(images.bad_inputs()) - 1 and code == 3
         assert (out / "masks" / "chelsea.jpg.png").stat().st_mtime_ns == mtime
-        code = main(["run", "--input", str(root), "--output", str(out), "--no-progress", "--run-id", "third",
-                     "--overwrite"])
+        code = main(
+            ["run", "--input", str(root), "--output", str(out), "--no-progress", "--run-id", "third", "--overwrite"]
+        )
         summary, _ = load_manifest(out, "third")
         assert summary["skipped"] == 0 and summary["ok"] == summary["inputs"] - summary["failed"]
     finally:
@@ -128,8 +129,21 @@ def test_cutouts_with_bgcolor_and_ppm(tmp_path):
     src.mkdir()
     (src / "cat.jpg").write_bytes((images.SAMPLES / "chelsea.jpg").read_bytes())
     out = tmp_path / "out"
-    code = main(["run", "--input", str(src), "--output", str(out), "--no-progress", "--format", "both",
-                 "--bgcolor", "0,255,0,255", "-ppm"])
+    code = main(
+        [
+            "run",
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--format",
+            "both",
+            "--bgcolor",
+            "0,255,0,255",
+            "-ppm",
+        ]
+    )
     assert code == 0
     mask = np.asarray(Image.open(out / "masks" / "cat.jpg.png"))
     assert set(np.unique(mask)) <= {0, 255}  # post-processed masks are binary
@@ -142,8 +156,10 @@ def test_cutouts_with_bgcolor_and_ppm(tmp_path):
 def test_list_input_txt_and_csv(tmp_path, catalog):
     root, _ = catalog
     listing = tmp_path / "list.txt"
-    listing.write_text(f"{root / 'chelsea.jpg'}\n# a comment\n{root / 'nested/deeper/clock.jpg'}\n"
-                       f"{root / 'chelsea.jpg'}\n{root / 'missing.jpg'}\n")
+    listing.write_text(
+        f"{root / 'chelsea.jpg'}\n# a comment\n{root / 'nested/deeper/clock.jpg'}\n"
+        f"{root / 'chelsea.jpg'}\n{root / 'missing.jpg'}\n"
+    )
     out = tmp_path / "out"
     code = main(["run", "--input", str(listing), "--output", str(out), "--no-progress"])
     summary, rows = load_manifest(out)
@@ -156,84 +172,27 @@ def test_list_input_txt_and_csv(tmp_path, catalog):
     assert main(["run", "--input", str(csv), "--output", str(tmp_path / "out2"), "--no-progress"]) == 0
 
 
-def test_pool_that_cannot_fit_fails_fast(tmp_path, catalog):
-    """With Ray already running (the fixture), the size check still protects against a hang."""
-    from pipeline.config import resolve_config
-    from pipeline.execution import pool_size
-
-    cfg = resolve_config({"input": "a", "output": "b", "pool_size": 3}, environ={})
-    from pipeline.config import ConfigError
-
-    with pytest.raises(ConfigError, match="do not fit"):
-        pool_size(cfg, 2.0, started_locally=True)
-    assert pool_size(resolve_config({"input": "a", "output": "b"}, environ={}), 2.0, True) == 2
-    # Never more actors than inputs; a pool that cannot fit is still refused, whatever the input.
-    assert pool_size(resolve_config({"input": "a", "output": "b"}, environ={}), 2.0, True, inputs=1) == 1
-    with pytest.raises(ConfigError, match="do not fit"):
-        pool_size(cfg, 2.0, started_locally=True, inputs=1)
-
-
-@pytest.mark.parametrize(
-    ("cluster_cpus", "pool", "expected"),
-    [
-        (2.0, 2, 1),  # 2 x 0.75 + one decode + one write slot is the whole machine
-        (384.0, 384, 48),  # one slot per ~8 actors, well inside the 96 CPUs left beside the pool
-        (2.0, 16, 1),  # pool waiting for the autoscaler: sized for the cluster it asked for
-        (8.0, 4, 2),
-    ],
-)
-def test_task_slots_always_leave_room_for_writes(cluster_cpus, pool, expected):
-    """Decode runs ahead of inference; if its tasks could hold every spare CPU, no write could
-    start until all inputs were decoded."""
-    from pipeline.graph import GraphSpec, cpu_task_slots
-
-    spec = GraphSpec(pool, 0.75, 0.25, 0.25, 4, {}, cluster_cpus=cluster_cpus)
-    slots = cpu_task_slots(spec)
-    assert slots == expected
-    planned = max(cluster_cpus, pool * 0.75 + 0.5)
-    assert pool * 0.75 + slots * 0.5 <= planned + 1e-9
-
-
-def test_input_blocks_are_whole_batches_and_capped():
-    """The inputs to mask are cut into blocks of whole prepare batches, capped for huge catalogs."""
-    import math
-
+def test_input_blocks_are_whole_batches(ray_local):
+    """The inputs to mask are cut into blocks of whole prepare batches (Ray Data's repartition)."""
     import pyarrow as pa
     import ray
 
-    from pipeline.graph import (
-        GraphSpec,
-        batch_size_for,
-        cpu_task_slots,
-        input_blocks,
-        max_input_blocks,
-        rows_per_input_block,
-    )
+    from maskray.pipeline.graph import GraphSpec, input_blocks
+    from maskray.pipeline.sizing import Reservations
 
-    assert rows_per_input_block(10, 4, 16) == 4
-    for n in (16 * 4, 16 * 4 + 1, 1_000_000):
-        rows = rows_per_input_block(n, 4, 16)
-        assert rows % 4 == 0 and math.ceil(n / rows) <= 16
-    # The cap follows the cluster's decode slots, not the catalog.
-    assert max_input_blocks(GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, cluster_cpus=2.0)) == 16
-    big = GraphSpec(320, 1.15, 0.25, 0.25, 4, {}, cluster_cpus=384.0)
-    assert max_input_blocks(big) == 8 * cpu_task_slots(big) > 16
     todo = ray.data.from_arrow(pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]}))
-    blocks = input_blocks(todo, 10, GraphSpec(2, 0.75, 0.25, 0.25, 4, {}, cluster_cpus=2.0))
+    blocks = input_blocks(todo, 10, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
     assert blocks.num_blocks() == 3 and blocks.count() == 10
-    # Fewer inputs than a batch per actor: smaller batches, spread over the pool.
-    assert [batch_size_for(n, 4, 2) for n in (1, 2, 3, 6, 7, 8, 100)] == [1, 1, 2, 3, 4, 4, 4]
-    assert batch_size_for(5, 4, 16) == 1
 
 
 def test_a_block_of_many_batches_still_feeds_every_actor(tmp_path, monkeypatch, data_context):
     """When a catalog is big enough that input blocks hold many batches, each prepared batch must
     still leave its decode task as its own block: otherwise one actor gets the whole block while
     the rest of the pool idles."""
-    import pipeline.graph
+    import maskray.pipeline.graph
 
-    monkeypatch.setattr(pipeline.graph, "MIN_INPUT_BLOCKS", 1)  # every input in one block
-    monkeypatch.setattr(pipeline.graph, "BLOCKS_PER_TASK_SLOT", 1)
+    monkeypatch.setattr(maskray.pipeline.graph, "MIN_INPUT_BLOCKS", 1)  # every input in one block
+    monkeypatch.setattr(maskray.pipeline.graph, "BLOCKS_PER_TASK_SLOT", 1)
     src = tmp_path / "in"
     src.mkdir()
     for i in range(16):

@@ -1,0 +1,108 @@
+"""maskray as a user installs it: the wheel in a fresh venv outside the checkout, and a CLI whose
+``--help`` needs neither Ray nor ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import images
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_help_imports_neither_ray_nor_onnxruntime(tmp_path):
+    probe = (
+        "import json, sys\n"
+        "from maskray.pipeline.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'onnxruntime', 'openvino', 'cv2', 'torch'})\n"
+        "print(json.dumps(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert "usage: maskray" in out.stdout
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's shell: nothing pointing back at this checkout or its venv."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if str(ROOT) not in p)
+    return {**env, "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_into_a_fresh_venv_and_masks_the_samples(tmp_path):
+    """Build the wheel, install it with the runtime lock into a new venv (uv), and run it from a
+    folder outside the checkout with an empty model cache: the model is fetched on first use."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv, "uv is part of the test extra (requirements-dev.lock)"
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(dist.glob("maskray-*.whl"))
+    venv = tmp_path / "venv"
+    env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
+    subprocess.run([uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(venv)], check=True, env=env)
+    py = venv / "bin" / "python"
+    subprocess.run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(py),
+            "-r",
+            str(ROOT / "maskray" / "requirements.lock"),
+            str(wheel),
+        ],
+        check=True,
+        env=env,
+        timeout=600,
+    )
+
+    where = subprocess.run(
+        [str(py), "-c", "import maskray.pipeline as p, maskray.operators as o; print(p.__file__); print(o.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert all(str(venv) in line for line in where.stdout.split()), where.stdout  # the installed copy, not ours
+
+    work = tmp_path / "user"
+    work.mkdir()
+    run = subprocess.run(
+        [
+            str(venv / "bin" / "maskray"),
+            "run",
+            "--input",
+            str(images.SAMPLES),
+            "--output",
+            "out",
+            "--no-progress",
+            "--num-cpus",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "cache" / "maskray" / "u2netp.onnx").is_file()
+    summary = json.loads((work / "out" / "_summary.json").read_text())
+    assert summary["ok"] == len(images.PHOTOS) and summary["failed"] == 0
+    assert len(list((work / "out" / "masks").glob("*.png"))) == len(images.PHOTOS)
