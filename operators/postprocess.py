@@ -19,8 +19,8 @@ MASK_RESIZES = ("cubic", "lanczos")
 
 def resize_mask(small: np.ndarray, size: tuple[int, int], method: str = "lanczos") -> np.ndarray:
     """320x320 -> (width, height). ``lanczos``: PIL's, exactly as rembg. ``cubic``: OpenCV's bicubic,
-    ~7x cheaper at 12 MP (5 vs 37 ms) and within the agreement gate of the exact path (max MAD 0.20
-    grey levels, min IoU 0.9958 on the samples upscaled to 12 MP; `bench/catalog_photos.py`)."""
+    several times cheaper at 12 MP and within the agreement gate of the exact path on the samples
+    upscaled to 12 MP (`bench/catalog_photos.py`; figures in the README)."""
     if method == "cubic":
         return cv2.resize(small, size, interpolation=cv2.INTER_CUBIC)
     return np.asarray(Image.fromarray(small, mode="L").resize(size, Image.Resampling.LANCZOS))

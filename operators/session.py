@@ -1,7 +1,7 @@
 """One fp32 ONNX Runtime session per actor, and the U2Net-P forward pass.
 
-Input: the model's bytes (so worker nodes need no shared disk) and thread settings. Output of
-``predict_small_mask``: the 320x320 uint8 mask rembg would build before resizing it back.
+Input: the model's bytes (so worker nodes need no shared disk) and thread settings. ``run_model``
+then ``to_small_mask`` give the 320x320 uint8 mask rembg would build before resizing it back.
 """
 
 from __future__ import annotations

@@ -64,9 +64,26 @@ def filesystem(uri: str, options: dict[str, Any] | None = None) -> fsspec.Abstra
     return _cached_fs(protocol_of(uri), json.dumps(options or {}, sort_keys=True))
 
 
+# The optional extras that carry each bucket store's fsspec implementation.
+EXTRA_FOR_PROTOCOL = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
+
+
+class MissingExtraError(ImportError):
+    """A bucket URI whose filesystem package is not installed: the message names the extra."""
+
+
 @lru_cache(maxsize=16)
 def _cached_fs(protocol: str, options_json: str) -> fsspec.AbstractFileSystem:
-    options = json.loads(options_json)
+    try:
+        return _new_fs(protocol, json.loads(options_json))
+    except ImportError as exc:
+        extra = EXTRA_FOR_PROTOCOL.get(protocol)
+        if extra is None:
+            raise
+        raise MissingExtraError(f"{protocol}:// needs maskray's {extra} extra: pip install 'maskray[{extra}]'") from exc
+
+
+def _new_fs(protocol: str, options: dict[str, Any]) -> fsspec.AbstractFileSystem:
     if protocol == "gs":
         return _gcs_filesystem(options)
     if protocol == "file":

@@ -130,7 +130,7 @@ def shape_op(op: str, args: list[Any], attrs: dict[str, Any]) -> np.ndarray:
     if op == "Constant":
         from onnx import numpy_helper
 
-        return numpy_helper.to_array(attrs["value"])
+        return np.asarray(numpy_helper.to_array(attrs["value"]))
     if op == "Shape":
         return np.asarray(args[0].shape, dtype=np.int64)
     if op == "Gather":

@@ -232,6 +232,13 @@ def record_error(exc: BaseException | None) -> str | None:
     return None
 
 
+def missing_extra(exc: BaseException) -> bool:
+    """A bucket URI without its optional filesystem package (imported here: fsspec stays out of --help)."""
+    from maskray.operators.storage import MissingExtraError
+
+    return isinstance(exc, MissingExtraError)
+
+
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
     argv = sys.argv[1:] if argv is None else argv
@@ -244,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maskray: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as exc:  # noqa: BLE001 - a lost record is one line and exit 4, never a traceback
+        if missing_extra(exc):
+            print(f"maskray: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         record = record_error(exc)
         if record is None:
             raise

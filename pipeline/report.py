@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
+from maskray.pipeline.config import ConfigError
 from maskray.pipeline.manifest import value_counts
 from maskray.pipeline.rows import TIME_COLUMNS
 
@@ -152,7 +153,10 @@ def analyse(agg: ManifestAggregate, summary: dict[str, Any], price_per_hour: flo
 
 def _pyplot():
     """matplotlib only when a report is drawn: `maskray run` does not pay for importing it."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ConfigError("report: the charts need matplotlib: pip install 'maskray[report]'") from exc
 
     matplotlib.use("Agg")  # headless: the report is a file
     import matplotlib.pyplot as plt

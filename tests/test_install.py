@@ -30,6 +30,30 @@ def test_help_imports_neither_ray_nor_onnxruntime(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
+@pytest.mark.parametrize(
+    ("blocked", "args", "extra"),
+    [
+        ("gcsfs", ["--input", "gs://shop/images/", "--output", "out"], "gcs"),
+        ("s3fs", ["--input", str(ROOT / "samples"), "--output", "s3://shop/masks/"], "s3"),
+    ],
+)
+def test_a_bucket_without_its_extra_is_one_line_naming_the_extra(blocked, args, extra, tmp_path):
+    """What a core install (no gcs/s3 extra) prints for a bucket URI: exit 2 and the pip command."""
+    probe = (
+        "import sys\n"
+        f"sys.modules[{blocked!r}] = None  # as if the extra were not installed\n"
+        "from maskray.pipeline.cli import main\n"
+        f"sys.exit(main(['run', *{args!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"maskray: {args[1 if extra == 'gcs' else 3].split(':')[0]}:// needs maskray's {extra} extra: "
+        f"pip install 'maskray[{extra}]'"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: nothing pointing back at this checkout or its venv."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -106,3 +130,36 @@ def test_the_wheel_installs_into_a_fresh_venv_and_masks_the_samples(tmp_path):
     summary = json.loads((work / "out" / "_summary.json").read_text())
     assert summary["ok"] == len(images.PHOTOS) and summary["failed"] == 0
     assert len(list((work / "out" / "masks").glob("*.png"))) == len(images.PHOTOS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("python", ["3.10", "3.13"])
+def test_the_ranges_resolve_on_the_oldest_and_newest_supported_python(python, tmp_path):
+    """pyproject's ranges (not the lock) resolve to published wheels on Linux x86-64 at both ends
+    of the Pythons we claim; 3.11 is installed and run by the wheel test above."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv
+    out = tmp_path / "resolved.txt"
+    cmd = [
+        uv,
+        "pip",
+        "compile",
+        str(ROOT / "pyproject.toml"),
+        "--extra",
+        "gcs",
+        "--extra",
+        "s3",
+        "--python-version",
+        python,
+        "--python-platform",
+        "x86_64-manylinux_2_28",
+        "--no-header",
+        "--quiet",
+        "-o",
+        str(out),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300, env=clean_env())
+    pins = dict(
+        line.split("==", 1) for line in out.read_text().splitlines() if "==" in line and not line.startswith("#")
+    )
+    assert {"ray", "onnxruntime", "numpy", "pyarrow", "gcsfs", "s3fs"} <= set(pins)
