@@ -20,15 +20,23 @@ from maskray.operators import agreement
 from maskray.operators.engines import EngineError, EngineSpec
 from maskray.operators.preprocess import MODEL_SIZE
 from maskray.operators.segmenter import Segmenter
+from maskray.pipeline.rows import PENDING
+from maskray.pipeline.stopping import stopping
 
 
 class InferenceActor:
     def __init__(
-        self, model: Any, engine: dict[str, Any] | None = None, label: str = "", reference: np.ndarray | None = None
+        self,
+        model: Any,
+        engine: dict[str, Any] | None = None,
+        label: str = "",
+        reference: np.ndarray | None = None,
+        stop_key: str = "",
     ) -> None:
         import cv2
         import ray
 
+        self.stop_key = stop_key
         cv2.setNumThreads(1)  # decode/resize in this process must not fight the session for cores
         model_bytes = ray.get(model) if isinstance(model, ray.ObjectRef) else model
         self.segmenter = Segmenter.open(model_bytes, EngineSpec(**(engine or {})))
@@ -49,6 +57,8 @@ class InferenceActor:
             self.restarted = bool(getattr(ctx, "was_current_actor_reconstructed", False))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if stopping(self.stop_key):  # the run is stopping: what is not masked yet waits for the next run
+            batch = without_pending(batch)
         n = len(batch["status"])
         small = np.empty(n, dtype=object)
         infer_ms = np.zeros(n, dtype=np.float64)
@@ -77,6 +87,12 @@ class InferenceActor:
             engine=np.full(n, self.label, dtype=object),
         )
         return out
+
+
+def without_pending(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The rows already decided (failed to read or decode): they keep their manifest rows."""
+    keep = batch["status"] != PENDING
+    return {k: v[keep] for k, v in batch.items()}
 
 
 def prepared_of(pre: bytes) -> np.ndarray:

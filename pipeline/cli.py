@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from maskray.pipeline.config import ConfigError, RunConfig, redact_text, redact_uri, resolve_config
+from maskray.pipeline.stopping import Stopped
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL, EXIT_RECORD = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (maskray.pipeline.execution)
@@ -250,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"maskray: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
+    except Stopped as stop:  # its one line was printed when the signal came
+        return stop.exit_code
     except Exception as exc:  # noqa: BLE001 - a lost record is one line and exit 4, never a traceback
         if missing_extra(exc):
             print(f"maskray: {exc}", file=sys.stderr)

@@ -15,7 +15,8 @@ from typing import Any
 import ray
 from ray.data import DataContext
 
-from maskray.pipeline import plan, sizing
+from maskray.operators.errors import one_line
+from maskray.pipeline import plan, sizing, stopping
 from maskray.pipeline.config import ConfigError, RunConfig
 from maskray.pipeline.engine_choice import EngineChoice
 from maskray.pipeline.graph import (
@@ -32,6 +33,7 @@ from maskray.pipeline.plan import InputSpec
 from maskray.pipeline.sink import ManifestSink
 from maskray.pipeline.sizing import Reservations
 from maskray.pipeline.stages import StageSettings
+from maskray.pipeline.stopping import EXIT_SIGNAL, Stopped
 
 log = logging.getLogger("maskray")
 
@@ -179,45 +181,65 @@ def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.
     return resolved.materialize()
 
 
-EXIT_SIGNAL: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# How long a stopping run may drain (batches in flight finish and get their rows) before Ray is
+# stopped outright. Kubernetes waits 30 s before SIGKILL; `ray job stop` only ~3 s, which is why
+# the interruption is recorded as soon as the signal arrives, and again once the run has drained.
+DRAIN_S = 10.0
 
 
-def install_stop_handlers(on_stop: Callable[[str], None] | None = None) -> dict[int, Any]:
-    """SIGINT / SIGTERM stop the run with one line and exit 130 / 143 within seconds.
+class StopHandlers:
+    """SIGINT / SIGTERM: one line, stop taking new inputs, let what is in flight finish, exit 130 / 143.
 
-    Installed after Ray starts (Ray replaces the handlers it finds). The main thread only waits on
-    Ray Data's executor, and a KeyboardInterrupt there left the executor running (seen here: masks
-    kept coming for minutes), so the handler stops Ray itself, after ``on_stop`` (the run records
-    that it was interrupted and releases its lease). Every mask already written has its row in a
-    finished manifest part or is redone by the next run (a row is written after its mask). A second
-    signal exits at once.
+    Installed after Ray starts (Ray replaces the handlers it finds). The first signal records the
+    interruption (``on_stop``), raises the run's stop flag (``maskray.pipeline.stopping``) so that
+    prepare tasks take no more inputs, and lets the main thread go on: the dataset then ends, every
+    mask already written has its row, and ``run_graph`` raises ``Stopped``. If it has not drained
+    within ``DRAIN_S`` (a plan still listing, a stalled bucket), Ray is stopped and the process
+    exits; masks without a row are then redone by the next run. A second signal exits at once.
     """
 
-    def stop(signum: int, _frame: object) -> None:
-        print(
-            f"maskray: {signal.Signals(signum).name} received: stopping; re-run the same command to resume",
-            file=sys.stderr,
-            flush=True,
-        )
+    def __init__(self, on_stop: Callable[[str, bool], None] | None, stop_key: str) -> None:
+        self.on_stop, self.stop_key = on_stop, stop_key
+        self.signum: int | None = None
+        self.finished = threading.Event()
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> StopHandlers:
+        self.previous = {signum: signal.signal(signum, self.stop) for signum in EXIT_SIGNAL}
+        return self
+
+    def restore(self) -> None:
+        self.finished.set()
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def stop(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        print(f"maskray: {name} received: stopping; re-run the same command to resume", file=sys.stderr, flush=True)
         for sig in EXIT_SIGNAL:  # a second signal exits at once
             signal.signal(sig, lambda s, _f: os._exit(EXIT_SIGNAL.get(s, 1)))
+        self.signum = signum
+        if self.on_stop is not None:
+            self.on_stop(name, False)
+        try:
+            stopping.raise_flag(self.stop_key)
+        except Exception as exc:  # noqa: BLE001 - without the flag the deadline below still stops the run
+            log.warning("could not raise the stop flag: %s", one_line(exc))
+        threading.Thread(target=self.deadline, args=(signum,), daemon=True).start()
+
+    def deadline(self, signum: int) -> None:
+        if self.finished.wait(DRAIN_S):
+            return
 
         def shutdown() -> None:
-            if on_stop is not None:
-                on_stop(signal.Signals(signum).name)
+            if self.on_stop is not None:
+                self.on_stop(signal.Signals(signum).name, True)
             ray.shutdown()
 
         done = threading.Thread(target=shutdown, daemon=True)
         done.start()
         done.join(timeout=10)
         os._exit(EXIT_SIGNAL.get(signum, 1))
-
-    return {signum: signal.signal(signum, stop) for signum in EXIT_SIGNAL}
-
-
-def restore_handlers(previous: dict[int, Any]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
 
 
 def run_graph(
@@ -227,16 +249,30 @@ def run_graph(
     settings: StageSettings,
     engine: EngineChoice,
     sink: ManifestSink,
-    on_stop: Callable[[str], None] | None = None,
+    on_stop: Callable[[str, bool], None] | None = None,
 ) -> dict[str, Any]:
-    """Plan, mask and record; returns placement and timing facts for the summary."""
+    """Plan, mask and record; returns placement and timing facts for the summary. Raises
+    ``Stopped`` when a signal stopped the run and it drained in time."""
     t0 = time.monotonic()
     started_locally = connect(cfg, endpoint_env())
-    previous = install_stop_handlers(on_stop) if threading.current_thread() is threading.main_thread() else {}
+    handlers = StopHandlers(on_stop, settings.stop_key)
+    if threading.current_thread() is threading.main_thread():
+        handlers.install()
     try:
-        return _run_graph(cfg, spec, model, settings, engine, sink, started_locally, t0)
+        placement = _run_graph(cfg, spec, model, settings, engine, sink, started_locally, t0)
     finally:
-        restore_handlers(previous)
+        handlers.restore()
+        clear_stop_flag(settings.stop_key)
+    if handlers.signum is not None:
+        raise Stopped(handlers.signum)
+    return placement
+
+
+def clear_stop_flag(key: str) -> None:
+    try:
+        stopping.clear_flag(key)
+    except Exception as exc:  # noqa: BLE001 - a leftover flag names this attempt only
+        log.debug("could not clear the stop flag: %s", one_line(exc))
 
 
 def _run_graph(

@@ -136,6 +136,7 @@ def image_graph(
             "engine": spec.engine,
             "label": spec.engine_label,
             "reference": spec.reference,
+            "stop_key": settings.stop_key,
         },
         compute=ActorPoolStrategy(size=spec.pool_size),
         batch_size=batch,

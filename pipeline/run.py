@@ -18,7 +18,7 @@ from typing import Any
 from maskray.operators import storage
 from maskray.operators.errors import one_line
 from maskray.operators.keys import is_under
-from maskray.pipeline import lease
+from maskray.pipeline import lease, stopping
 from maskray.pipeline.config import ConfigError, RunConfig, dump_yaml, recorded_config, redact_uri
 from maskray.pipeline.engine_choice import EngineChoice, cached_choice, check_local_cuda, check_precision
 from maskray.pipeline.manifest import manifest_dir, remove_other_attempts, write_summary
@@ -135,11 +135,17 @@ def execute_leased(
     fp = run_fingerprint(cfg, model, engine)
     sink = ManifestSink(cfg.output, run_id, attempt, cfg.storage_options)
 
-    def on_stop(signal_name: str) -> None:
-        record_interruption(cfg, run_id, attempt, signal_name, sink.stats, t0)
-        held.release()
+    def on_stop(signal_name: str, exiting: bool) -> None:
+        record_interruption(cfg, run_id, attempt, signal_name, sink.stats, t0, drained=False)
+        if exiting:  # the process exits without unwinding: release the lease here
+            held.release()
 
-    placement = execution.run_graph(cfg, spec, model, StageSettings.of(cfg, fp), engine, sink, on_stop=on_stop)
+    settings = StageSettings.of(cfg, fp, stopping.key_for(cfg.output, attempt))
+    try:
+        placement = execution.run_graph(cfg, spec, model, settings, engine, sink, on_stop=on_stop)
+    except stopping.Stopped as stop:
+        record_interruption(cfg, run_id, attempt, str(stop), sink.stats, t0, drained=True)
+        raise
     storage.forget_listings(cfg.output, cfg.storage_options)  # the workers wrote under it
     if reused:
         removed = remove_other_attempts(cfg.output, run_id, attempt, cfg.storage_options)
@@ -154,14 +160,16 @@ def execute_leased(
 
 
 def record_interruption(
-    cfg: RunConfig, run_id: str, attempt: str, signal_name: str, stats: dict[str, Any], t0: float
+    cfg: RunConfig, run_id: str, attempt: str, signal_name: str, stats: dict[str, Any], t0: float, drained: bool
 ) -> None:
-    """``_manifest/<run>/_interrupted.json``: what the committed parts hold so far. Never the
-    output's ``_summary.json``, which marks a complete run."""
+    """``_manifest/<run>/_interrupted.json``: what the committed parts hold so far; ``drained``
+    once the run stopped taking inputs and every mask written has its row. Never the output's
+    ``_summary.json``, which marks a complete run."""
     record = {
         "run_id": run_id,
         "attempt": attempt,
         "interrupted_by": signal_name,
+        "drained": drained,
         "seconds": round(time.time() - t0, 3),
         "committed_rows": stats.get("rows", 0),
         "status": stats.get("status", {}),

@@ -37,6 +37,7 @@ from maskray.operators.preprocess import MODEL_SIZE, resize_for_model
 from maskray.pipeline import rows
 from maskray.pipeline.config import RunConfig
 from maskray.pipeline.rows import MANIFEST_SCHEMA, OK, PENDING
+from maskray.pipeline.stopping import stopping
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,10 @@ class StageSettings:
     fast_decode: bool  # JPEGs decoded at a reduced DCT scale for the model (not for cutouts)
     batch_size: int  # rows per prepared batch (what one inference call takes)
     io_threads: int  # concurrent storage requests per worker process; 1 = one at a time
+    stop_key: str  # the run's stop flag (maskray.pipeline.stopping); "" = none
 
     @classmethod
-    def of(cls, cfg: RunConfig, fingerprint: str) -> StageSettings:
+    def of(cls, cfg: RunConfig, fingerprint: str, stop_key: str = "") -> StageSettings:
         return cls(
             output=cfg.output.rstrip("/"),
             fingerprint=fingerprint,
@@ -76,6 +78,7 @@ class StageSettings:
             fast_decode=cfg.fast_decode,
             batch_size=cfg.batch_size,
             io_threads=cfg.io_threads,
+            stop_key=stop_key,
         )
 
 
@@ -183,11 +186,16 @@ def prepare_image(source: str, key: str, s: StageSettings, size: int = -1) -> di
 
 def prepare_batch(batch: dict[str, np.ndarray], settings: StageSettings) -> Iterator[dict[str, np.ndarray]]:
     """Fetch the whole input batch concurrently, then decode and yield ``batch_size`` rows at a time,
-    so inference can start on the first prepared batch while the rest decode."""
+    so inference can start on the first prepared batch while the rest decode. Once the run is
+    stopping, nothing more: those inputs get no row in this run and the next run masks them."""
+    if stopping(settings.stop_key):
+        return
     items = list(zip(batch["source"], batch["key"], batch["size"], strict=True))
     started = io_map(lambda it: start_row(str(it[0]), str(it[1]), int(it[2]), settings), items, settings.io_threads)
     step = max(1, settings.batch_size)
     for i in range(0, len(started), step):
+        if stopping(settings.stop_key):
+            return
         yield rows.columns([decode_row(r, settings) for r in started[i : i + step]])
 
 

@@ -164,8 +164,9 @@ def test_the_lease_is_a_conditional_create_on_both_bucket_servers(gcs_server, s3
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_the_run_records_it_and_the_rerun_finishes(tmp_path, sig, code):
-    """What `ray job stop`, Kubernetes and Ctrl-C send: one line, the documented code, the run
-    recorded as interrupted (never as complete), the lease released; the next run completes."""
+    """What `ray job stop`, Kubernetes and Ctrl-C send: one line, the documented code, no new
+    inputs taken, a row for every mask written, the run recorded as interrupted (never as
+    complete), the lease released; the next run skips what was done and masks the rest."""
     src, out = catalog(tmp_path / "in", 48), tmp_path / "out"
     proc = start(src, out)
     wait_for(lambda: bool(list((out / "masks").glob("*.png"))), proc)
@@ -177,10 +178,15 @@ def test_a_signal_stops_the_run_records_it_and_the_rerun_finishes(tmp_path, sig,
     assert processes_left(proc.pid) == []
     assert not (out / "_summary.json").exists() and not (out / "_manifest" / "_lease.json").exists()
     record = json.loads(next((out / "_manifest").glob("*/_interrupted.json")).read_text())
-    assert record["interrupted_by"] == signal.Signals(sig).name
+    assert record["interrupted_by"] == signal.Signals(sig).name and record["drained"]
+    masks = {p.stem for p in (out / "masks").glob("*.png")}
+    recorded = pq.read_table(out / "_manifest" / record["run_id"]).to_pylist()
+    assert 0 < len(masks) < 48, "the run stopped taking inputs"
+    assert {Path(r["source"]).name for r in recorded} == masks and {r["status"] for r in recorded} == {"ok"}
+    assert record["committed_rows"] == len(masks)
     assert main(["run", "--input", str(src), "--output", str(out), "--no-progress"]) == 0
     summary, rows = rows_of(out)
-    assert len(rows) == 48 and summary["ok"] + summary["skipped"] == 48
+    assert len(rows) == 48 and summary["skipped"] == len(masks) and summary["ok"] == 48 - len(masks)
 
 
 # ------------------------------------------------------------------ a full record store
