@@ -315,3 +315,41 @@ def test_submit_refuses_to_ship_credentials_and_messages_never_show_them(tmp_pat
     )
     err = capsys.readouterr().err
     assert code == 2 and "CANARY" not in err and "s3://<redacted>@bucket" in err
+
+
+STALLED_RUN = """
+import os, signal, sys, time
+from maskray.pipeline import execution
+execution.DRAIN_S = float(sys.argv[2])
+def on_stop(name, exiting):
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{name} {exiting}\\n")
+execution.StopHandlers(on_stop, "stop/test").install()
+print("ready", flush=True)
+time.sleep(60)  # a run that never drains (a plan still listing, a stalled bucket)
+"""
+
+
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_a_run_that_does_not_drain_is_stopped_at_the_deadline(tmp_path, second_signal):
+    """The fallback behind the drain: the interruption is recorded at the signal, and again with
+    the lease released when the deadline passes; the process exits 143 then, or at once on a
+    second signal."""
+    log = tmp_path / "calls.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STALLED_RUN, str(log), "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    if second_signal:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    took = time.monotonic() - t0
+    assert "maskray: SIGTERM received: stopping" in proc.stderr.read()
+    calls = log.read_text().splitlines()
+    if second_signal:
+        assert took < 1.9 and calls == ["SIGTERM False"]
+    else:
+        assert 1.9 < took < 15 and calls == ["SIGTERM False", "SIGTERM True"]
