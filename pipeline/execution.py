@@ -262,17 +262,10 @@ def run_graph(
         placement = _run_graph(cfg, spec, model, settings, engine, sink, started_locally, t0)
     finally:
         handlers.restore()
-        clear_stop_flag(settings.stop_key)
+        stopping.clear_flag(settings.stop_key)
     if handlers.signum is not None:
         raise Stopped(handlers.signum)
     return placement
-
-
-def clear_stop_flag(key: str) -> None:
-    try:
-        stopping.clear_flag(key)
-    except Exception as exc:  # noqa: BLE001 - a leftover flag names this attempt only
-        log.debug("could not clear the stop flag: %s", one_line(exc))
 
 
 def _run_graph(
