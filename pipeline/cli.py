@@ -19,7 +19,7 @@ from maskray.pipeline.config import ConfigError, RunConfig, redact_text, redact_
 from maskray.pipeline.stopping import Stopped
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_PARTIAL, EXIT_RECORD = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (maskray.pipeline.execution)
+EXIT_INTERRUPTED = 130  # SIGINT; SIGTERM during a run exits 143 (maskray.pipeline.stopping.EXIT_SIGNAL)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
