@@ -3,7 +3,9 @@
 Object stores answer each request in tens of milliseconds; the emulators on loopback answer in
 well under one. Put this between maskray and fake-gcs-server (``STORAGE_EMULATOR_HOST`` = the
 proxy's URL) to add a fixed delay to every request and to count requests and the most that were
-in flight at once, by kind (``list``, ``get``, ``write``, ``other``).
+in flight at once, by kind (``list``, ``get``, ``write``, ``record``, ``other``). ``record`` is
+the run's own bookkeeping (lease heartbeat, manifest parts, config, summary), kept apart so that
+``get`` and ``write`` count the data path alone.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ from urllib.parse import urlsplit
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "host"}
 
 
-def request_kind(method: str, path: str) -> str:
+RECORD_MARKERS = (b"_manifest", b"_summary.json")
+
+
+def request_kind(method: str, path: str, body: bytes | None = None) -> str:
     query = urlsplit(path).query
+    # a multipart upload names its object in the body's JSON metadata, not in the URL
+    named = path.encode() + (body or b"")[:4096]
+    if any(marker in named for marker in RECORD_MARKERS):
+        return "record"
     if method == "GET" and "/o/" not in path and "/o?" in path + "?" and "alt=media" not in query:
         return "list"
     if method == "GET" and "alt=media" in query:
@@ -70,11 +79,11 @@ class LatencyProxy:
                 pass
 
             def _forward(self) -> None:
-                kind = request_kind(self.command, self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                kind = request_kind(self.command, self.path, body)
                 proxy._track(kind, +1)
                 try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    body = self.rfile.read(length) if length else None
                     time.sleep(proxy.delay_s)
                     conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}

@@ -105,7 +105,8 @@ def test_s3_end_to_end(s3_server, bucket_name, monkeypatch):
 
 def test_fetches_and_writes_overlap_when_each_request_is_slow(gcs_server, bucket_name):
     """Through a proxy that adds 50 ms to every request, a run keeps several fetches and writes
-    in flight at once; with --io-threads 1 it makes one request at a time per task."""
+    in flight at once; with --io-threads 1 it makes one data request at a time per task (the lease
+    heartbeat and the manifest are counted apart, as ``record``)."""
     from bench.latency_proxy import LatencyProxy
 
     fs = storage.filesystem("gs://x")
