@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import socket
 import time
 import uuid
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.core import split_protocol
@@ -109,6 +111,47 @@ def _gcs_filesystem(options: dict[str, Any]) -> fsspec.AbstractFileSystem:
 
     opts = {"token": "anon", **options, "endpoint_url": endpoint}
     return gcsfs.core.GCSFileSystem(**opts)
+
+
+def custom_endpoint(uri: str, options: dict[str, Any] | None = None) -> str | None:
+    """The endpoint a bucket URI is served from when it is not the store's own (an emulator,
+    MinIO, a private gateway): the ``endpoint_url`` option or the env vars the clients read."""
+    options = options or {}
+    protocol = protocol_of(uri)
+    if protocol == "gs":
+        return options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    if protocol == "s3":
+        return (
+            options.get("endpoint_url")
+            or (options.get("client_kwargs") or {}).get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
+    return None
+
+
+ENDPOINT_CONNECT_TIMEOUT_S = 3.0
+ENDPOINT_ATTEMPTS = 3
+
+
+def check_reachable(endpoint: str) -> None:
+    """Raise ConnectionError naming ``host:port`` when nothing answers a TCP connect there.
+
+    A custom endpoint is the user's own setting, so a refused connection is most likely a typo or a
+    server that is not up: worth one line in a second, not the storage client's ~30 s of retries
+    (gcsfs backs off 1+2+4+8+16 s). The store's own endpoints are left to the clients' retries.
+    """
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    for attempt in range(ENDPOINT_ATTEMPTS):
+        try:
+            socket.create_connection((host, port), timeout=ENDPOINT_CONNECT_TIMEOUT_S).close()
+            return
+        except OSError as exc:
+            if attempt == ENDPOINT_ATTEMPTS - 1:
+                reason = exc.strerror or type(exc).__name__
+                raise ConnectionError(f"cannot connect to {host}:{port} ({reason})") from exc
+            time.sleep(RETRY_BASE_DELAY_S)
 
 
 def forget_listings(uri: str, options: dict[str, Any] | None = None) -> None:

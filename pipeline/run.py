@@ -52,6 +52,17 @@ def check_locations(cfg: RunConfig) -> None:
         raise ConfigError(f"output {cfg.output} and input {cfg.input} overlap: use separate prefixes")
 
 
+def check_endpoints(cfg: RunConfig) -> None:
+    """A custom storage endpoint that refuses connections is a config error, named in a second."""
+    for uri in dict.fromkeys((cfg.input, cfg.output, cfg.model)):
+        endpoint = storage.custom_endpoint(uri, cfg.storage_options)
+        if endpoint:
+            try:
+                storage.check_reachable(endpoint)
+            except ConnectionError as exc:
+                raise ConfigError(f"{redact_uri(uri)}: the storage endpoint is unreachable: {exc}") from None
+
+
 def probe_output(cfg: RunConfig, run_id: str) -> None:
     """Write the resolved config beside the manifest: proves the output is writable, early."""
     uri = storage.join_uri(manifest_dir(cfg.output, run_id), "_config.yaml")
@@ -87,6 +98,7 @@ def prepare(cfg: RunConfig) -> tuple[str, bool, LoadedModel, InputSpec, EngineCh
     Then ``execute`` takes the output's lease and writes the config beside the manifest."""
     check_locations(cfg)
     check_precision(cfg)
+    check_endpoints(cfg)
     if cfg.device == "cuda" and not (cfg.address or os.environ.get("RAY_ADDRESS")):
         check_local_cuda(cfg)
     model = load_model(cfg.model, cfg.model_md5, cfg.storage_options)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
 import pytest
 
+from maskray.operators import storage
 from maskray.pipeline.cli import main
 from maskray.pipeline.config import ConfigError, resolve_config
 
@@ -120,7 +122,26 @@ def test_unreachable_bucket_exits_2_in_one_line(tmp_path, model_path):
     proc = subprocess.run(env_cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("maskray:")]
-    assert len(lines) == 1 and "gs://nobucket/in" in lines[0]
+    assert len(lines) == 1 and "gs://nobucket/in" in lines[0] and "127.0.0.1:9" in lines[0]
+
+
+def test_custom_endpoints_are_found_and_probed(monkeypatch):
+    """Only a user-set endpoint is probed, from the option or the env var each client reads."""
+    for name in ("STORAGE_EMULATOR_HOST", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    assert storage.custom_endpoint("gs://b/k") is None and storage.custom_endpoint("/local/k") is None
+    assert storage.custom_endpoint("gs://b/k", {"endpoint_url": "http://h:1"}) == "http://h:1"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "h:2")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://h:3")
+    assert (storage.custom_endpoint("gs://b/k"), storage.custom_endpoint("s3://b/k")) == ("h:2", "http://h:3")
+    assert storage.custom_endpoint("s3://b/k", {"client_kwargs": {"endpoint_url": "http://h:4"}}) == "http://h:4"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        storage.check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}"):
+        storage.check_reachable(f"http://127.0.0.1:{port}")
 
 
 def test_bad_usage_exits_2(capsys):
