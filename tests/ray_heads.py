@@ -66,13 +66,18 @@ class RayHead:
             f"{self.dashboard}/api/version", 90.0, f"ray head (log: {self.log.name})", lambda: self.proc.poll() is None
         )
 
+    # `ray start --block` answers SIGTERM by stopping its processes one by one; after a job ran it
+    # took 33 s here (its 30 s wait ran out), so the group is killed after a short grace.
+    STOP_GRACE_S = 5
+
     def stop(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=self.STOP_GRACE_S)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
             except ProcessLookupError:
                 pass
         self.log.close()

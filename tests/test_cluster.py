@@ -39,6 +39,9 @@ def mask_digests(out: Path) -> dict[str, str]:
     return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in (out / "masks").rglob("*.png")}
 
 
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+
+
 @pytest.fixture()
 def local_cluster():
     """Head with 1 CPU + two 1-CPU worker raylets (ray.cluster_utils, from the main thread)."""
@@ -47,7 +50,9 @@ def local_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # A killed raylet is declared dead after 3 missed health checks 1 s apart, not Ray's default
+    # of several times that: the node-loss test then waits seconds, not tens of them, to recover.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": HEALTH_CHECKS})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
