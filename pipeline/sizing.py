@@ -1,5 +1,6 @@
 """How much of everything a run starts, and whether it fits: the inference pool's size, the decode
-and write task slots beside it, how many idle worker processes Ray keeps, and the fit check.
+and write task slots beside it, how many idle worker processes Ray keeps, the fit check, and the
+partitions of the plan's shuffle.
 
 The one place for these numbers: the run (``execution``, ``graph``), the notebook's sweeps
 (``tuning``) and the tests all call these functions. No Ray here: callers pass the cluster's
@@ -106,3 +107,19 @@ def batch_size_for(n: int, batch_size: int, pool: int) -> int:
     if 0 < n < batch_size * pool:
         return math.ceil(n / min(n, pool))
     return batch_size
+
+
+# Rows per partition of the plan's shuffle (inputs grouped with earlier runs' evidence). Measured on
+# 2 CPUs (shuffle_v2): 2 rows in 4 partitions ~5 s, in 1 partition ~1-2 s; 150k rows 6.2-7.2 s in
+# 4, 5.0-5.7 s in 1; 1.5M rows ~9-10 s either way. Each partition is a reduce task: more than the
+# rows need only adds tasks.
+ROWS_PER_PARTITION = 200_000
+MAX_PARTITIONS = 200
+
+
+def shuffle_partitions(cpus: float, expected_rows: int | None = None) -> int:
+    """A few partitions per CPU, capped; no more than ``expected_rows`` need (when known)."""
+    most = max(2, min(MAX_PARTITIONS, int(cpus) * 2))
+    if expected_rows is None:
+        return most
+    return max(1, min(most, math.ceil(expected_rows / ROWS_PER_PARTITION)))
