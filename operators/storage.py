@@ -13,7 +13,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -138,20 +138,16 @@ def check_reachable(endpoint: str) -> None:
     """Raise ConnectionError naming ``host:port`` when nothing answers a TCP connect there.
 
     A custom endpoint is the user's own setting, so a refused connection is most likely a typo or a
-    server that is not up: worth one line in a second, not the storage client's ~30 s of retries
+    server that is not up: worth one line in a second or two, not the storage client's own retries
     (gcsfs backs off 1+2+4+8+16 s). The store's own endpoints are left to the clients' retries.
     """
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-    for attempt in range(ENDPOINT_ATTEMPTS):
-        try:
-            socket.create_connection((host, port), timeout=ENDPOINT_CONNECT_TIMEOUT_S).close()
-            return
-        except OSError as exc:
-            if attempt == ENDPOINT_ATTEMPTS - 1:
-                reason = exc.strerror or type(exc).__name__
-                raise ConnectionError(f"cannot connect to {host}:{port} ({reason})") from exc
-            time.sleep(RETRY_BASE_DELAY_S)
+    try:
+        connect = partial(socket.create_connection, (host, port), timeout=ENDPOINT_CONNECT_TIMEOUT_S)
+        with_retries(lambda: connect().close(), attempts=ENDPOINT_ATTEMPTS)
+    except OSError as exc:  # refused and timed out after the retries; an unknown host at once
+        raise ConnectionError(f"cannot connect to {host}:{port} ({exc.strerror or type(exc).__name__})") from exc
 
 
 def forget_listings(uri: str, options: dict[str, Any] | None = None) -> None:

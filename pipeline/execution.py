@@ -180,8 +180,7 @@ def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.
     raw = plan.raw_inputs(spec)
     evidence = None if cfg.overwrite else plan.earlier_evidence(cfg.output, cfg.storage_options, fp)
     if spec.kind == "list" or evidence is not None:
-        partitions = sizing.shuffle_partitions(cpus, expected_plan_rows(cfg) if evidence is not None else None)
-        resolved = plan.resolve(raw, spec, evidence, partitions)
+        resolved = plan.resolve(raw, spec, evidence, sizing.shuffle_partitions(cpus, expected_plan_rows(cfg)))
     else:
         resolved = plan.plain(raw, spec)
     return resolved.materialize()

@@ -53,14 +53,18 @@ def check_locations(cfg: RunConfig) -> None:
 
 
 def check_endpoints(cfg: RunConfig) -> None:
-    """A custom storage endpoint that refuses connections is a config error, named in a second."""
-    for uri in dict.fromkeys((cfg.input, cfg.output, cfg.model)):
+    """A custom storage endpoint that refuses connections is a config error, named in a second or
+    two. Each endpoint is probed once, however many of input, output and model it serves."""
+    endpoints: dict[str, str] = {}
+    for uri in (cfg.input, cfg.output, cfg.model):
         endpoint = storage.custom_endpoint(uri, cfg.storage_options)
         if endpoint:
-            try:
-                storage.check_reachable(endpoint)
-            except ConnectionError as exc:
-                raise ConfigError(f"{redact_uri(uri)}: the storage endpoint is unreachable: {exc}") from None
+            endpoints.setdefault(endpoint, uri)
+    for endpoint, uri in endpoints.items():
+        try:
+            storage.check_reachable(endpoint)
+        except ConnectionError as exc:
+            raise ConfigError(f"{redact_uri(uri)}: the storage endpoint is unreachable: {exc}") from None
 
 
 def probe_output(cfg: RunConfig, run_id: str) -> None:

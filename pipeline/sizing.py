@@ -109,10 +109,9 @@ def batch_size_for(n: int, batch_size: int, pool: int) -> int:
     return batch_size
 
 
-# Rows per partition of the plan's shuffle (inputs grouped with earlier runs' evidence). Measured on
-# 2 CPUs (shuffle_v2): 2 rows in 4 partitions ~5 s, in 1 partition ~1-2 s; 150k rows 6.2-7.2 s in
-# 4, 5.0-5.7 s in 1; 1.5M rows ~9-10 s either way. Each partition is a reduce task: more than the
-# rows need only adds tasks.
+# Rows per partition of the plan's shuffle (inputs grouped with earlier runs' evidence). Each
+# partition is a reduce task with about a second of fixed latency on a small cluster, so more
+# partitions than the rows need only add tasks; a small re-run needs one.
 ROWS_PER_PARTITION = 200_000
 MAX_PARTITIONS = 200
 

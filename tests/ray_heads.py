@@ -66,8 +66,9 @@ class RayHead:
             f"{self.dashboard}/api/version", 90.0, f"ray head (log: {self.log.name})", lambda: self.proc.poll() is None
         )
 
-    # `ray start --block` answers SIGTERM by stopping its processes one by one; after a job ran it
-    # took 33 s here (its 30 s wait ran out), so the group is killed after a short grace.
+    # `ray start --block` answers SIGTERM by stopping its processes one by one, and after a job it
+    # waits out its own 30 s timeout: the tests need none of that, so the group is killed after a
+    # short grace.
     STOP_GRACE_S = 5
 
     def stop(self) -> None:
