@@ -28,7 +28,6 @@ from maskray.pipeline.graph import (
     prepared_batch_bytes,
     split_decisions,
 )
-from maskray.pipeline.manifest import read_summary
 from maskray.pipeline.model import LoadedModel
 from maskray.pipeline.plan import InputSpec
 from maskray.pipeline.sink import ManifestSink
@@ -166,13 +165,9 @@ def configure_for_images(cfg: RunConfig, ds: ray.data.Dataset) -> None:
     ds.context.target_max_block_size = prepared_batch_bytes(cfg.batch_size)
 
 
-def expected_plan_rows(cfg: RunConfig) -> int | None:
-    """The inputs of the last complete run on this output (its ``_summary.json``, one read): a
-    re-run's plan is about that size. None when there is none to read."""
-    try:
-        return int(read_summary(cfg.output, cfg.storage_options)["inputs"])
-    except Exception:  # noqa: BLE001 - only a hint: without it the partitions follow the CPUs
-        return None
+def shuffle_partitions(cpus: float) -> int:
+    """Partitions of the resolve shuffle: a few per CPU, capped (each is a reduce task)."""
+    return max(2, min(200, int(cpus) * 2))
 
 
 def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.Dataset:
@@ -180,7 +175,7 @@ def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.
     raw = plan.raw_inputs(spec)
     evidence = None if cfg.overwrite else plan.earlier_evidence(cfg.output, cfg.storage_options, fp)
     if spec.kind == "list" or evidence is not None:
-        resolved = plan.resolve(raw, spec, evidence, sizing.shuffle_partitions(cpus, expected_plan_rows(cfg)))
+        resolved = plan.resolve(raw, spec, evidence, shuffle_partitions(cpus))
     else:
         resolved = plan.plain(raw, spec)
     return resolved.materialize()

@@ -1,6 +1,5 @@
 """How much of everything a run starts, and whether it fits: the inference pool's size, the decode
-and write task slots beside it, how many idle worker processes Ray keeps, the fit check, and the
-partitions of the plan's shuffle.
+and write task slots beside it, how many idle worker processes Ray keeps, and the fit check.
 
 The one place for these numbers: the run (``execution``, ``graph``), the notebook's sweeps
 (``tuning``) and the tests all call these functions. No Ray here: callers pass the cluster's
@@ -107,18 +106,3 @@ def batch_size_for(n: int, batch_size: int, pool: int) -> int:
     if 0 < n < batch_size * pool:
         return math.ceil(n / min(n, pool))
     return batch_size
-
-
-# Rows per partition of the plan's shuffle (inputs grouped with earlier runs' evidence). Each
-# partition is a reduce task with about a second of fixed latency on a small cluster, so more
-# partitions than the rows need only add tasks; a small re-run needs one.
-ROWS_PER_PARTITION = 200_000
-MAX_PARTITIONS = 200
-
-
-def shuffle_partitions(cpus: float, expected_rows: int | None = None) -> int:
-    """A few partitions per CPU, capped; no more than ``expected_rows`` need (when known)."""
-    most = max(2, min(MAX_PARTITIONS, int(cpus) * 2))
-    if expected_rows is None:
-        return most
-    return max(1, min(most, math.ceil(expected_rows / ROWS_PER_PARTITION)))

@@ -92,12 +92,3 @@ def test_the_notebook_sweep_uses_the_runs_own_fit_check():
     too_big = Trial("pool_size", 3, {**ok.settings, "pool_size": 3})
     assert fits(ok, 2.0, can_grow=False) and not fits(too_big, 2.0, can_grow=False)
     assert fits(too_big, 2.0, can_grow=True)
-
-
-def test_the_plan_shuffle_has_a_few_partitions_per_cpu_and_no_more_than_its_rows_need():
-    assert sizing.shuffle_partitions(2.0) == 4 and sizing.shuffle_partitions(0.5) == 2
-    assert sizing.shuffle_partitions(50 * 384.0) == sizing.MAX_PARTITIONS
-    assert sizing.shuffle_partitions(2.0, expected_rows=2) == 1  # a small re-run: one reduce task
-    assert sizing.shuffle_partitions(2.0, expected_rows=10_000_000) == 4  # never more than the CPUs give
-    big = sizing.shuffle_partitions(50 * 384.0, expected_rows=10_000_000)
-    assert big == 10_000_000 // sizing.ROWS_PER_PARTITION
