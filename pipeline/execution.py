@@ -28,6 +28,7 @@ from maskray.pipeline.graph import (
     prepared_batch_bytes,
     split_decisions,
 )
+from maskray.pipeline.manifest import read_summary
 from maskray.pipeline.model import LoadedModel
 from maskray.pipeline.plan import InputSpec
 from maskray.pipeline.sink import ManifestSink
@@ -170,12 +171,22 @@ def shuffle_partitions(cpus: float) -> int:
     return max(2, min(200, int(cpus) * 2))
 
 
+def expected_plan_rows(cfg: RunConfig) -> int | None:
+    """The inputs of the last complete run on this output (its ``_summary.json``, one read); None
+    when there is none. Only a hint of the plan's size: it picks how the plan is shuffled."""
+    try:
+        return int(read_summary(cfg.output, cfg.storage_options)["inputs"])
+    except Exception:  # noqa: BLE001 - without the hint the plan is counted before its shuffle
+        return None
+
+
 def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.Dataset:
     """The resolved inputs, materialized in the object store (not on the driver)."""
     raw = plan.raw_inputs(spec)
     evidence = None if cfg.overwrite else plan.earlier_evidence(cfg.output, cfg.storage_options, fp)
     if spec.kind == "list" or evidence is not None:
-        resolved = plan.resolve(raw, spec, evidence, shuffle_partitions(cpus))
+        hint = expected_plan_rows(cfg) if evidence is not None else None
+        resolved = plan.resolve(raw, spec, evidence, shuffle_partitions(cpus), hint)
     else:
         resolved = plan.plain(raw, spec)
     return resolved.materialize()

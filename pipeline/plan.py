@@ -14,11 +14,13 @@ catalog:
   the read, before the skip decision, so listing is done here instead.
 * **Resolve**: when inputs may repeat (lists) or earlier runs left a manifest under
   ``<output>/_manifest/``, the inputs and the earlier manifests' rows are grouped by source with
-  one hash shuffle (``groupby(...).aggregate`` on Ray Data). For each source that gives the number
+  one shuffle (``groupby(...).aggregate`` on Ray Data). For each source that gives the number
   of times it is listed and whether its newest recorded output was made with this run's
-  fingerprint. No per-input request goes to storage. Ray Data's ``CheckpointConfig`` is not used:
-  it drops finished ids from the dataset (this run must still write a ``skipped`` row for each),
-  it knows nothing of fingerprints, and it loads every checkpointed id into each filter actor.
+  fingerprint (Ray Data's default shuffle, or its sort shuffle for a plan of a few thousand rows,
+  where aggregator actors would cost more than the work). No per-input request goes to storage.
+  Ray Data's ``CheckpointConfig`` is not used: it drops finished ids from the dataset (this run
+  must still write a ``skipped`` row for each), it knows nothing of fingerprints, and it loads
+  every checkpointed id into each filter actor.
 
 The result is a ``decision`` per input: ``todo``, ``done`` (skipped: its output exists with this
 fingerprint), ``duplicate`` (skipped: listed again), ``unsafe`` (a list entry under the output
@@ -356,11 +358,29 @@ def evidence_rows(batch: pa.Table, fp: str) -> pa.Table:
     )
 
 
-def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2):
-    """Group inputs (and earlier evidence) by source: one shuffle, then a decision per input."""
+# Up to this many rows (inputs plus earlier evidence) the resolve uses Ray Data's task-based sort
+# shuffle; above it, the default shuffle (``shuffle_v2``), whose aggregator actors take seconds
+# to start but scale (`bench/resolve_strategies.py`: the sort shuffle wins at 5k rows, loses at
+# 20k).
+SMALL_PLAN_ROWS = 4096
+
+
+def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2, expected_rows: int | None = None):
+    """Group inputs (and earlier evidence) by source: one shuffle, then a decision per input.
+
+    A plan that may be small (``expected_rows``, the last complete run's inputs, is unknown or
+    small) is materialized first and counted from its blocks' metadata, so that a re-run of a few
+    inputs resolves without waiting for aggregator actors. A plan known to be large streams into
+    the default shuffle, so its listing and the shuffle's map side overlap.
+    """
     from ray.data.aggregate import Max, Sum
+    from ray.data.context import ShuffleStrategy
 
     ds = raw if evidence is None else raw.union(evidence)
+    if expected_rows is None or expected_rows <= SMALL_PLAN_ROWS:
+        ds = ds.materialize()
+        if ds.count() <= SMALL_PLAN_ROWS:
+            ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED  # this dataset only
     grouped = ds.groupby("source", num_partitions=partitions).aggregate(
         Sum("n", alias_name="n"),
         Max("size", alias_name="size"),

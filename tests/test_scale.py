@@ -36,14 +36,39 @@ def run(src, out, *flags) -> tuple[int, dict, list[dict]]:
     return (code, *summary_and_rows(out))
 
 
-def planned(input_uri: str, output: str) -> tuple[int, dict[str, int]]:
-    """Plan a run's inputs on Ray (no masking): how many rows, by decision."""
+def resolved(input_uri: str, output: str, expected_rows: int | None = None):
     from maskray.pipeline import plan
 
     spec = plan.check_input(input_uri, output, {})
-    ds = plan.resolve(plan.raw_inputs(spec), spec, None, 4).materialize()
+    return plan.resolve(plan.raw_inputs(spec), spec, None, 4, expected_rows).materialize()
+
+
+def planned(input_uri: str, output: str) -> tuple[int, dict[str, int]]:
+    """Plan a run's inputs on Ray (no masking): how many rows, by decision."""
+    ds = resolved(input_uri, output)
     counts = ds.groupby("decision").count().take_all()
     return ds.count(), {r["decision"]: r["count()"] for r in counts}
+
+
+def test_a_small_plan_and_a_large_one_are_shuffled_differently_and_decide_alike(tmp_path):
+    """A plan of a few rows takes the sort shuffle (no aggregator actors to wait for); one expected
+    to be large streams into the default shuffle. Both give every source the same decision."""
+    from ray.data import DataContext
+    from ray.data.context import ShuffleStrategy
+
+    listing = tmp_path / "list.txt"
+    listing.write_text("gs://b/a.jpg\ngs://b/c.jpg\ngs://b/a.jpg\n")
+    small = resolved(str(listing), str(tmp_path / "out"))
+    large = resolved(str(listing), str(tmp_path / "out"), expected_rows=10**6)
+    assert small.context.shuffle_strategy == ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    assert large.context.shuffle_strategy == DataContext.get_current().shuffle_strategy
+    assert DataContext.get_current().shuffle_strategy != ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+
+    def decisions(ds):
+        return sorted((r["source"], r["decision"]) for r in ds.take_all())
+
+    assert decisions(small) == decisions(large)
+    assert decisions(small) == [("gs://b/a.jpg", "duplicate"), ("gs://b/a.jpg", "todo"), ("gs://b/c.jpg", "todo")]
 
 
 def test_a_200k_line_list_is_planned_without_growing_the_driver(tmp_path):
