@@ -1,4 +1,4 @@
-"""Shared fixtures: one local Ray per module, real storage servers, test catalogs; tiers by marker.
+"""Shared fixtures: one local Ray for the modules that use it, storage servers, catalogs; tiers.
 
 Markers are set here from what a test uses, so they cannot drift: ``ray`` (a local Ray or a Ray
 cluster), ``storage`` (the GCS emulator or the S3 server); ``slow`` and ``cluster`` are set by
@@ -8,6 +8,7 @@ hand. ``make test-fast`` runs the rest: pure tests, no Ray, no servers.
 from __future__ import annotations
 
 import os
+import sys
 
 # Set before Ray, gcsfs or botocore are imported anywhere in the test process.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -48,6 +49,12 @@ def model_bytes(model_path) -> bytes:
     return Path(model_path).read_bytes()
 
 
+# The local Ray that ``ray_local`` started (its GCS address), shared by every module that uses it
+# until a test starts another Ray (a cluster test) or the session ends: each start and stop costs
+# several seconds on 2 CPUs.
+_SHARED_RAY: dict[str, str | None] = {"address": None}
+
+
 @pytest.fixture(scope="module")
 def ray_local(gcs_server, s3_server):
     """One real local Ray with 2 CPUs, like this machine and CI.
@@ -57,11 +64,18 @@ def ray_local(gcs_server, s3_server):
     """
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    if not (ray.is_initialized() and ray.get_runtime_context().gcs_address == _SHARED_RAY["address"]):
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        _SHARED_RAY["address"] = ray.get_runtime_context().gcs_address
     yield ray
-    ray.shutdown()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture()
