@@ -25,7 +25,6 @@ STRATEGIES = ("shuffle_v2", "sort_shuffle_pull_based")
 
 
 def resolve_seconds(spec, strategy: str, streamed: bool) -> float:
-    from ray.data.aggregate import Max, Sum
     from ray.data.context import ShuffleStrategy
 
     from maskray.pipeline import plan
@@ -36,9 +35,7 @@ def resolve_seconds(spec, strategy: str, streamed: bool) -> float:
         ds = ds.materialize()
         ds.count()
     ds.context.shuffle_strategy = ShuffleStrategy(strategy)  # a dataset runs with its own context
-    aggs = [Sum("n", alias_name="n")] + [Max(c, alias_name=c) for c in ("size", "ignored", "t_any", "t_same")]
-    grouped = ds.groupby("source", num_partitions=4).aggregate(*aggs)
-    grouped.map_batches(plan.decide, fn_kwargs={"spec": spec}, batch_format="pyarrow", batch_size=None).materialize()
+    plan.decided_by_source(ds, spec, 4).materialize()
     return time.perf_counter() - t
 
 

@@ -373,7 +373,6 @@ def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2, expected_r
     inputs resolves without waiting for aggregator actors. A plan known to be large streams into
     the default shuffle, so its listing and the shuffle's map side overlap.
     """
-    from ray.data.aggregate import Max, Sum
     from ray.data.context import ShuffleStrategy
 
     ds = raw if evidence is None else raw.union(evidence)
@@ -381,6 +380,13 @@ def resolve(raw, spec: InputSpec, evidence=None, partitions: int = 2, expected_r
         ds = ds.materialize()
         if ds.count() <= SMALL_PLAN_ROWS:
             ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED  # this dataset only
+    return decided_by_source(ds, spec, partitions)
+
+
+def decided_by_source(ds, spec: InputSpec, partitions: int):
+    """The shuffle itself (with ``ds``'s own context): rows grouped by source, then decided."""
+    from ray.data.aggregate import Max, Sum
+
     grouped = ds.groupby("source", num_partitions=partitions).aggregate(
         Sum("n", alias_name="n"),
         Max("size", alias_name="size"),
