@@ -13,6 +13,7 @@ and is the run's commit marker: it names the attempt whose parts make up the run
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -40,6 +41,22 @@ def manifest_dir(output: str, run_id: str) -> str:
 
 def part_name(attempt: str, task_idx: int) -> str:
     return f"part-{attempt}-{task_idx:06d}.parquet"
+
+
+def part_bytes(table: pa.Table) -> bytes:
+    """A part as Parquet with one row group per status (ok first). A re-run reads only ok rows as
+    evidence (``pipeline.plan.earlier_evidence``): the status column's statistics then let the
+    reader skip every other row group without reading it, so re-running a done catalog again
+    and again does not make the next re-run read more."""
+    buf = io.BytesIO()
+    status = table.column("status")
+    with pq.ParquetWriter(buf, table.schema) as writer:
+        groups = [pc.equal(status, v) for v in sorted(value_counts(status), key=lambda v: (v != OK, v))]
+        for rows in (*groups, pc.is_null(status)):
+            part = table.filter(rows)
+            if part.num_rows:
+                writer.write_table(part, row_group_size=table.num_rows)
+    return buf.getvalue()
 
 
 # ---------------------------------------------------------------- per-part statistics

@@ -13,9 +13,10 @@ catalog:
   ``read_parquet``; ``read_binary_files`` lists on the driver and would also fetch every byte in
   the read, before the skip decision, so listing is done here instead.
 * **Resolve**: when inputs may repeat (lists) or earlier runs left a manifest under
-  ``<output>/_manifest/``, the inputs and the earlier manifests' rows are grouped by source with
-  one shuffle (``groupby(...).aggregate`` on Ray Data). For each source that gives the number
-  of times it is listed and whether its newest recorded output was made with this run's
+  ``<output>/_manifest/``, the inputs and the earlier manifests' ok rows (``earlier_evidence``:
+  skipped rows are not needed, so re-runs do not grow it) are grouped by source with one
+  shuffle (``groupby(...).aggregate`` on Ray Data). For each source that gives the number of
+  times it is listed and whether its newest recorded output was made with this run's
   fingerprint (Ray Data's default shuffle, or its sort shuffle for a plan of a few thousand rows,
   where aggregator actors would cost more than the work). No per-input request goes to storage.
   Ray Data's ``CheckpointConfig`` is not used: it drops finished ids from the dataset (this run
@@ -46,7 +47,7 @@ from maskray.operators import storage
 from maskray.operators.errors import one_line
 from maskray.operators.keys import MANIFEST_DIR, key_for_listed_uri, relative_to_prefix
 from maskray.pipeline.config import ConfigError
-from maskray.pipeline.rows import OK, SKIPPED
+from maskray.pipeline.rows import OK
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".webp", ".bmp", ".dib", ".tif", ".tiff", ".gif", ".mpo"}
@@ -307,12 +308,17 @@ def manifest_root(output: str) -> str:
 def earlier_evidence(output: str, storage_options: dict, fp: str):
     """Rows of earlier manifests that say what made an output: ``source, t_any, t_same``.
 
-    An ok row, or a row skipped because its output was already done, records at ``finished_at``
-    that the output existed with ``fingerprint``. The newest such record per source says what is
-    in the file now (a later run with other settings may have replaced it). None when no earlier
-    run left a manifest part.
+    An ok row records at ``finished_at`` that the output was written with ``fingerprint``; the
+    newest per source says what is in the file now (a later run with other settings may have
+    replaced it). Skipped rows are not read: a row skipped as done was decided because the newest
+    write already had its fingerprint, so it would raise ``t_any`` and that fingerprint's
+    ``t_same`` to the same time and change no later decision. So the evidence grows with the
+    masks written, not with the number of re-runs; the filter is pushed into the Parquet scan,
+    and parts keep ok rows in their own row groups (``manifest.part_bytes``), so a re-run does
+    not even read the others. None when no earlier run left a manifest part.
     """
     import ray
+    from ray.data.expressions import col
 
     fs = None if storage.protocol_of(output) == "file" else storage.filesystem(output, storage_options)
     root = storage.strip_protocol(manifest_root(output))
@@ -320,7 +326,7 @@ def earlier_evidence(output: str, storage_options: dict, fp: str):
         ds = ray.data.read_parquet(root, filesystem=fs, file_extensions=["parquet"], partitioning=None)
         # Only the columns the join needs (a tenth of a part's bytes); parts from before the
         # fingerprint column read it as null.
-        ds = ds.select_columns(EVIDENCE_COLUMNS)
+        ds = ds.select_columns(EVIDENCE_COLUMNS).filter(expr=col("status") == OK)
     except (ValueError, FileNotFoundError) as exc:
         if isinstance(exc, FileNotFoundError) or "no files found" in str(exc).lower():
             return None
@@ -337,10 +343,7 @@ def evidence_rows(batch: pa.Table, fp: str) -> pa.Table:
     if "fingerprint" not in names:  # a manifest from before fingerprints: nothing is known to match
         return RAW_SCHEMA.empty_table()
     status = batch.column("status")
-    recorded = pc.and_(
-        pc.is_valid(batch.column("fingerprint")), pc.or_(pc.equal(status, OK), pc.equal(status, SKIPPED))
-    )
-    recorded = pc.fill_null(recorded, False)
+    recorded = pc.fill_null(pc.and_(pc.is_valid(batch.column("fingerprint")), pc.equal(status, OK)), False)
     t = batch.filter(recorded)
     same = pc.fill_null(pc.equal(t.column("fingerprint"), fp), False)
     finished = pc.cast(t.column("finished_at"), pa.float64())

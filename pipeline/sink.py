@@ -7,13 +7,11 @@ returns nothing to the driver; a ``Datasink`` hands each write task's return val
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
@@ -24,6 +22,7 @@ from maskray.pipeline.manifest import (
     empty_stats,
     manifest_dir,
     merge_stats,
+    part_bytes,
     part_name,
     write_record,
 )
@@ -54,10 +53,8 @@ class ManifestSink(Datasink):
         ignored = int(pc.sum(is_ignored).as_py() or 0)
         table = table.filter(pc.invert(is_ignored))
         if table.num_rows:
-            buf = io.BytesIO()
-            pq.write_table(table, buf)
             uri = storage.join_uri(self.dir, part_name(self.attempt, ctx.task_idx))
-            write_record(uri, buf.getvalue(), self.options)
+            write_record(uri, part_bytes(table), self.options)
         return block_stats(table, ignored)
 
     def on_write_complete(self, write_result: Any) -> None:

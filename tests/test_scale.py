@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from maskray.pipeline.cli import main
+from maskray.pipeline.plan import earlier_evidence
 from tests import images
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -138,6 +139,10 @@ def test_changing_any_fingerprinted_option_redoes_every_input(tmp_path):
     assert first == ["ok", "ok"] and len(prints) == 1
     soft = np.asarray(Image.open(mask))
     assert statuses() == (["skipped", "skipped"], prints)  # nothing changed: nothing redone
+    # The next re-run reads only the first run's 2 ok rows of the 4 recorded: skipped rows restate
+    # them, so re-running a done catalog does not make the evidence grow.
+    assert len(pq.read_table(out / "_manifest").column("source")) == 4
+    assert earlier_evidence(str(out), {}, next(iter(prints))).count() == 2
     redone, ppm_prints = statuses("-ppm")
     assert redone == ["ok", "ok"] and ppm_prints != prints
     assert set(np.unique(np.asarray(Image.open(mask)))) <= {0, 255}
@@ -172,13 +177,13 @@ def test_rows_from_before_fingerprints_count_as_unknown_not_done():
     assert evidence_rows(old, "fp").num_rows == 0
     new = pa.table(
         {
-            "source": ["/in/a.jpg", "/in/b.jpg", "/in/c.jpg"],
-            "status": ["ok", "error", "skipped"],
-            "fingerprint": ["fp", None, "other"],
-            "finished_at": [1.0, 2.0, 3.0],
+            "source": ["/in/a.jpg", "/in/b.jpg", "/in/c.jpg", "/in/d.jpg"],
+            "status": ["ok", "error", "ok", "skipped"],
+            "fingerprint": ["fp", None, "other", "fp"],
+            "finished_at": [1.0, 2.0, 3.0, 4.0],
         }
     )
-    ev = evidence_rows(new, "fp").to_pylist()
+    ev = evidence_rows(new, "fp").to_pylist()  # a skipped row restates an ok row: not evidence
     assert [(r["source"], r["t_any"], r["t_same"]) for r in ev] == [("/in/a.jpg", 1.0, 1.0), ("/in/c.jpg", 3.0, None)]
 
 
