@@ -8,7 +8,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -180,10 +181,29 @@ def expected_plan_rows(cfg: RunConfig) -> int | None:
         return None
 
 
+FOOTER_READERS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
+
+
+@contextmanager
+def footer_readers_for(cpus: float) -> Iterator[None]:
+    """Size Ray Data's Parquet footer-reader pool to the cluster (``sizing.footer_readers``) for
+    the reads started inside; a value the user set is kept. Ray reads the variable on the driver
+    when ``read_parquet`` is called, so setting it around the call is enough."""
+    if FOOTER_READERS_ENV in os.environ:
+        yield
+        return
+    os.environ[FOOTER_READERS_ENV] = str(sizing.footer_readers(cpus))
+    try:
+        yield
+    finally:
+        os.environ.pop(FOOTER_READERS_ENV, None)
+
+
 def plan_run(cfg: RunConfig, spec: InputSpec, fp: str, cpus: float) -> ray.data.Dataset:
     """The resolved inputs, materialized in the object store (not on the driver)."""
-    raw = plan.raw_inputs(spec)
-    evidence = None if cfg.overwrite else plan.earlier_evidence(cfg.output, cfg.storage_options, fp)
+    with footer_readers_for(cpus):
+        raw = plan.raw_inputs(spec)
+        evidence = None if cfg.overwrite else plan.earlier_evidence(cfg.output, cfg.storage_options, fp)
     if spec.kind == "list" or evidence is not None:
         hint = expected_plan_rows(cfg) if evidence is not None else None
         resolved = plan.resolve(raw, spec, evidence, shuffle_partitions(cpus), hint)

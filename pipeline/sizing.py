@@ -106,3 +106,15 @@ def batch_size_for(n: int, batch_size: int, pool: int) -> int:
     if 0 < n < batch_size * pool:
         return math.ceil(n / min(n, pool))
     return batch_size
+
+
+# Ray Data 2.60 reads Parquet footers (earlier manifests, Parquet lists) on a pool of actors, 32
+# whatever the cluster's size (``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``). On a small cluster
+# starting them costs far more than the reads: on 2 CPUs, 1,176 manifest parts listed in 20 s
+# with 32 actors and in 1.8 s with one (`bench/evidence_growth.py`). One actor (128 concurrent
+# reads) per 8 CPUs present when the plan is made (the actors are placed then), up to Ray's 32.
+FOOTER_READERS_MAX = 32
+
+
+def footer_readers(cluster_cpus: float) -> int:
+    return max(1, min(FOOTER_READERS_MAX, int(cluster_cpus // 8)))

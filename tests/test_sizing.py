@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -92,3 +93,17 @@ def test_the_notebook_sweep_uses_the_runs_own_fit_check():
     too_big = Trial("pool_size", 3, {**ok.settings, "pool_size": 3})
     assert fits(ok, 2.0, can_grow=False) and not fits(too_big, 2.0, can_grow=False)
     assert fits(too_big, 2.0, can_grow=True)
+
+
+def test_parquet_footer_readers_follow_the_cluster_and_a_users_setting_wins(monkeypatch):
+    from maskray.pipeline.execution import FOOTER_READERS_ENV, footer_readers_for
+
+    assert [sizing.footer_readers(c) for c in (0, 2, 16, 384, 50 * 384)] == [1, 1, 2, 32, 32]
+    monkeypatch.delenv(FOOTER_READERS_ENV, raising=False)
+    with footer_readers_for(16.0):
+        assert os.environ[FOOTER_READERS_ENV] == "2"  # what read_parquet, called here, reads
+    assert FOOTER_READERS_ENV not in os.environ  # not left behind for the next run in this process
+    monkeypatch.setenv(FOOTER_READERS_ENV, "7")
+    with footer_readers_for(2.0):
+        assert os.environ[FOOTER_READERS_ENV] == "7"
+    assert os.environ[FOOTER_READERS_ENV] == "7"
