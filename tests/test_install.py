@@ -60,12 +60,50 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, "RAY_USAGE_STATS_ENABLED": "0", **extra}
 
 
+UV = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+
+
+@pytest.fixture(scope="module")
+def range_resolutions(tmp_path_factory):
+    """``uv pip compile`` of pyproject's ranges (not the lock) for the oldest and newest Python we
+    claim, started in the background: they mostly wait on the package index, so they run while
+    the wheel test installs (it asks for this fixture first) and are read by the ranges test."""
+    assert UV, "uv is part of the test extra (requirements-dev.lock)"
+    tmp = tmp_path_factory.mktemp("ranges")
+    procs = {}
+    for python in ("3.10", "3.13"):
+        out = tmp / f"resolved-{python}.txt"
+        cmd = [
+            UV,
+            "pip",
+            "compile",
+            str(ROOT / "pyproject.toml"),
+            "--extra",
+            "gcs",
+            "--extra",
+            "s3",
+            "--python-version",
+            python,
+            "--python-platform",
+            "x86_64-manylinux_2_28",
+            "--no-header",
+            "--quiet",
+            "-o",
+            str(out),
+        ]
+        procs[python] = (subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=clean_env()), out)
+    yield procs
+    for proc, _ in procs.values():
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("range_resolutions")
 def test_the_wheel_installs_into_a_fresh_venv_and_masks_the_samples(tmp_path):
     """Build the wheel, install it with the runtime lock into a new venv (uv), and run it from a
     folder outside the checkout with an empty model cache: the model is fetched on first use."""
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    assert uv, "uv is part of the test extra (requirements-dev.lock)"
+    assert UV, "uv is part of the test extra (requirements-dev.lock)"
     dist = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(ROOT)],
@@ -75,11 +113,11 @@ def test_the_wheel_installs_into_a_fresh_venv_and_masks_the_samples(tmp_path):
     wheel = next(dist.glob("maskray-*.whl"))
     venv = tmp_path / "venv"
     env = clean_env(XDG_CACHE_HOME=str(tmp_path / "cache"))
-    subprocess.run([uv, "venv", "--quiet", "--seed", "--python", sys.executable, str(venv)], check=True, env=env)
+    subprocess.run([UV, "venv", "--quiet", "--seed", "--python", sys.executable, str(venv)], check=True, env=env)
     py = venv / "bin" / "python"
     subprocess.run(
         [
-            uv,
+            UV,
             "pip",
             "install",
             "--quiet",
@@ -132,35 +170,10 @@ def test_the_wheel_installs_into_a_fresh_venv_and_masks_the_samples(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_ranges_resolve_on_the_oldest_and_newest_supported_python(tmp_path):
+def test_the_ranges_resolve_on_the_oldest_and_newest_supported_python(range_resolutions):
     """pyproject's ranges (not the lock) resolve to published wheels on Linux x86-64 at both ends
-    of the Pythons we claim; 3.11 is installed and run by the wheel test above. Both resolutions
-    run at once: each mostly waits on the package index."""
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    assert uv
-    procs = {}
-    for python in ("3.10", "3.13"):
-        out = tmp_path / f"resolved-{python}.txt"
-        cmd = [
-            uv,
-            "pip",
-            "compile",
-            str(ROOT / "pyproject.toml"),
-            "--extra",
-            "gcs",
-            "--extra",
-            "s3",
-            "--python-version",
-            python,
-            "--python-platform",
-            "x86_64-manylinux_2_28",
-            "--no-header",
-            "--quiet",
-            "-o",
-            str(out),
-        ]
-        procs[python] = (subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=clean_env()), out)
-    for python, (proc, out) in procs.items():
+    of the Pythons we claim; 3.11 is installed and run by the wheel test above."""
+    for python, (proc, out) in range_resolutions.items():
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"python {python}: {err[-2000:]}"
         pins = dict(
