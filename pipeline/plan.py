@@ -314,8 +314,8 @@ def earlier_evidence(output: str, storage_options: dict, fp: str):
     write already had its fingerprint, so it would raise ``t_any`` and that fingerprint's
     ``t_same`` to the same time and change no later decision. So the evidence grows with the
     masks written, not with the number of re-runs; the filter is pushed into the Parquet scan,
-    and parts keep ok rows in their own row groups (``manifest.part_bytes``), so a re-run does
-    not even read the others. None when no earlier run left a manifest part.
+    and parts keep ok rows in their own row groups (``manifest.part_bytes``), so a re-run reads
+    only the footers of the others. None when no earlier run left a manifest part.
     """
     import ray
     from ray.data.expressions import col
