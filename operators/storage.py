@@ -178,6 +178,15 @@ def exists(uri: str, options: dict[str, Any] | None = None) -> bool:
     return bool(with_retries(lambda: fs.exists(strip_protocol(uri))))
 
 
+def remove_if_present(uri: str, options: dict[str, Any] | None = None) -> None:
+    """Delete an object; one that is not there is not an error."""
+    fs = filesystem(uri, options)
+    try:
+        with_retries(lambda: fs.rm_file(strip_protocol(uri)))
+    except FileNotFoundError:
+        pass
+
+
 def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:
     """Write a complete temporary file beside ``path``, then ``publish`` it there (rename or link)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)

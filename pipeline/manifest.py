@@ -2,8 +2,11 @@
 
 ``<output>/_manifest/<run_id>/part-<attempt>-<task>.parquet``: one row per input the run saw
 (``pipeline.rows.MANIFEST_SCHEMA``), written in parallel by the write tasks of a Ray Data
-``Datasink``. A part's name is fixed by the run's attempt token and the write task's index, so a
-retried task rewrites the same part and can never duplicate rows; the attempt token keeps a
+``Datasink``. A part that records no mask written (only skipped or failed rows) is named
+``part-<attempt>-<task>-nomasks.parquet``: a re-run reads only the other parts as evidence, so the
+parts of done re-runs are never opened again. A part's name is fixed by the run's attempt token,
+the write task's index and that flag; a retried task rewrites the same part (and removes the
+other name's, should its rows have changed), so it can never duplicate rows; the attempt token keeps a
 reused ``--run-id`` from mixing its new parts with an earlier attempt's (those are removed once
 the new attempt completes). Each write task returns small statistics of its rows (counts, error
 kinds with a few example sources, stage-time sums, first and last timestamps, per-node and
@@ -39,15 +42,28 @@ def manifest_dir(output: str, run_id: str) -> str:
     return storage.join_uri(output, MANIFEST_DIR, run_id)
 
 
-def part_name(attempt: str, task_idx: int) -> str:
-    return f"part-{attempt}-{task_idx:06d}.parquet"
+NO_MASKS_SUFFIX = "-nomasks.parquet"
+
+
+def part_name(attempt: str, task_idx: int, masks: bool = True) -> str:
+    """The part's file name; ``masks`` says whether any of its rows is ``ok`` (a mask written)."""
+    return f"part-{attempt}-{task_idx:06d}{'.parquet' if masks else NO_MASKS_SUFFIX}"
+
+
+def records_masks(table: pa.Table) -> bool:
+    return bool(pc.any(pc.equal(table.column("status"), OK)).as_py())
+
+
+def may_record_masks(path: str) -> bool:
+    """False only for a part named as holding no ok row; parts written before that naming may
+    hold some, so they are read."""
+    return not path.endswith(NO_MASKS_SUFFIX)
 
 
 def part_bytes(table: pa.Table) -> bytes:
     """A part as Parquet with one row group per status (ok first). A re-run reads only ok rows as
     evidence (``pipeline.plan.earlier_evidence``): the status column's statistics then let the
-    reader skip every other row group's rows (each part's footer is still read, so the number of
-    parts a re-run opens still grows with the runs)."""
+    reader skip every other row group's rows in the parts it opens (those that record masks)."""
     buf = io.BytesIO()
     status = table.column("status")
     with pq.ParquetWriter(buf, table.schema) as writer:
@@ -190,6 +206,21 @@ def write_record(uri: str, data: bytes, storage_options: dict) -> None:
         storage.write_bytes_atomic(uri, data, storage_options)
     except Exception as exc:  # noqa: BLE001 - disk full, permission, quota, lost bucket
         raise RecordError(f"cannot write the run's record {uri} ({one_line(exc)})") from None
+
+
+def write_part(run_dir: str, attempt: str, task_idx: int, table: pa.Table, storage_options: dict) -> str:
+    """Write one write task's rows as its part, named by whether they record masks; then remove
+    the part of the other name, which a retried task whose rows changed (a transient read error
+    that now succeeds) would otherwise leave beside it, duplicating its rows."""
+    masks = records_masks(table)
+    uri = storage.join_uri(run_dir, part_name(attempt, task_idx, masks))
+    write_record(uri, part_bytes(table), storage_options)
+    other = storage.join_uri(run_dir, part_name(attempt, task_idx, not masks))
+    try:
+        storage.remove_if_present(other, storage_options)
+    except Exception as exc:  # noqa: BLE001 - as for the part itself
+        raise RecordError(f"cannot remove the run's earlier record {other} ({one_line(exc)})") from None
+    return uri
 
 
 def write_summary(output: str, summary: dict[str, Any], storage_options: dict) -> str:

@@ -47,6 +47,7 @@ from maskray.operators import storage
 from maskray.operators.errors import one_line
 from maskray.operators.keys import MANIFEST_DIR, key_for_listed_uri, relative_to_prefix
 from maskray.pipeline.config import ConfigError
+from maskray.pipeline.manifest import may_record_masks
 from maskray.pipeline.rows import OK
 
 IMAGE_EXTENSIONS = frozenset(
@@ -314,16 +315,24 @@ def earlier_evidence(output: str, storage_options: dict, fp: str):
     write already had its fingerprint, so it would raise ``t_any`` and that fingerprint's
     ``t_same`` to the same time and change no later decision. So the evidence grows with the
     masks written, not with the number of re-runs; the filter is pushed into the Parquet scan,
-    and parts keep ok rows in their own row groups (``manifest.part_bytes``), so a re-run reads
-    only the footers of the others. None when no earlier run left a manifest part.
+    and parts keep ok rows in their own row groups (``manifest.part_bytes``). Parts named as
+    holding no ok row (most of a done re-run's) are left out when the files are listed, before
+    any footer is read, so a re-run opens the parts that recorded masks, however many re-runs came
+    between. None when no earlier run left a manifest part.
     """
     import ray
+    from ray.data.datasource import PathPartitionFilter
     from ray.data.expressions import col
 
     fs = None if storage.protocol_of(output) == "file" else storage.filesystem(output, storage_options)
     root = storage.strip_protocol(manifest_root(output))
     try:
-        ds = ray.data.read_parquet(root, filesystem=fs, file_extensions=["parquet"], partitioning=None)
+        # Ray's partition filter is applied to each listed path, before its footer is read; its
+        # "partition" here is the part's file name.
+        parts = PathPartitionFilter(file_name_of, records_evidence)
+        ds = ray.data.read_parquet(
+            root, filesystem=fs, file_extensions=["parquet"], partitioning=None, partition_filter=parts
+        )
         # Only the columns the join needs (a tenth of a part's bytes); parts from before the
         # fingerprint column read it as null.
         ds = ds.select_columns(EVIDENCE_COLUMNS).filter(expr=col("status") == OK)
@@ -335,6 +344,14 @@ def earlier_evidence(output: str, storage_options: dict, fp: str):
 
 
 EVIDENCE_COLUMNS = ["source", "status", "fingerprint", "finished_at"]
+
+
+def file_name_of(path: str) -> dict[str, str]:
+    return {"file": posixpath.basename(path)}
+
+
+def records_evidence(partition: dict[str, str]) -> bool:
+    return may_record_masks(partition["file"])
 
 
 def evidence_rows(batch: pa.Table, fp: str) -> pa.Table:

@@ -15,16 +15,13 @@ import pyarrow.compute as pc
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
-from maskray.operators import storage
 from maskray.pipeline.manifest import (
     ROWS_PER_PART,
     block_stats,
     empty_stats,
     manifest_dir,
     merge_stats,
-    part_bytes,
-    part_name,
-    write_record,
+    write_part,
 )
 from maskray.pipeline.rows import IGNORED, MANIFEST_SCHEMA
 
@@ -53,8 +50,7 @@ class ManifestSink(Datasink):
         ignored = int(pc.sum(is_ignored).as_py() or 0)
         table = table.filter(pc.invert(is_ignored))
         if table.num_rows:
-            uri = storage.join_uri(self.dir, part_name(self.attempt, ctx.task_idx))
-            write_record(uri, part_bytes(table), self.options)
+            write_part(self.dir, self.attempt, ctx.task_idx, table, self.options)
         return block_stats(table, ignored)
 
     def on_write_complete(self, write_result: Any) -> None:
