@@ -177,6 +177,19 @@ def test_a_reused_run_id_never_mixes_old_and_new_parts(tmp_path):
     assert all(f"part-{summary['attempt']}-" in p.name for p in parts)
 
 
+def test_earlier_runs_that_recorded_no_mask_leave_no_evidence(tmp_path):
+    from maskray.pipeline import manifest
+    from tests.test_manifest import part_table
+
+    out = tmp_path / "out"
+    manifest.write_part(manifest.manifest_dir(str(out), "failed"), "a", 0, part_table(["error", "skipped"]), {})
+    assert earlier_evidence(str(out), {}, "fp") is None  # as if no run had been: everything is masked
+    masked = part_table(["ok", "error"])
+    masked = masked.set_column(masked.schema.get_field_index("fingerprint"), "fingerprint", pa.array(["fp", None]))
+    manifest.write_part(manifest.manifest_dir(str(out), "later"), "b", 0, masked, {})
+    assert earlier_evidence(str(out), {}, "fp").count() == 1  # the later run's ok row
+
+
 def test_rows_from_before_fingerprints_count_as_unknown_not_done():
     """Manifests written before the fingerprint column: their outputs are redone once, not kept."""
     from maskray.pipeline.plan import evidence_rows
