@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.latency_proxy import LatencyProxy  # noqa: E402
-from maskray.pipeline.rows import MANIFEST_SCHEMA, TIME_COLUMNS, fingerprint  # noqa: E402
-from maskray.pipeline.weights import U2NETP_MD5, default_model  # noqa: E402
+from maskray.pipeline.rows import MANIFEST_SCHEMA, TIME_COLUMNS  # noqa: E402
+from maskray.pipeline.weights import default_model  # noqa: E402
 
 PHOTO = ROOT / "samples" / "chelsea.jpg"
 PER_FOLDER = 1000
@@ -70,9 +70,21 @@ def local_catalog(root: Path, n: int) -> tuple[Path, Path]:
     return src, listing
 
 
+def default_fingerprint() -> str:
+    """What a plain ``maskray run`` records on this machine (default settings, the engine ``auto``
+    picks): the fingerprint a done catalog's rows must carry for the re-run to skip them."""
+    from maskray.pipeline.config import RunConfig
+    from maskray.pipeline.run import prepare, run_fingerprint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = RunConfig(input=str(ROOT / "samples"), output=tmp)
+        _, _, model, _, engine = prepare(cfg)
+        return run_fingerprint(cfg, model, engine)
+
+
 def done_manifest(output: str, sources: list[str] | None, listing: Path | None, fs=None) -> None:
     """Write a finished run's manifest for every source (ok rows with the default fingerprint)."""
-    fp = fingerprint(U2NETP_MD5, "mask", False, None, 1)
+    fp = default_fingerprint()
     names = sources if sources is not None else [line.rstrip("\n") for line in open(listing)]
     now = time.time()
     step = 100_000
@@ -96,7 +108,9 @@ def done_manifest(output: str, sources: list[str] | None, listing: Path | None, 
             "started_at": np.full(k, now - 10.0),
             "finished_at": np.full(k, now - 5.0),
         }
-        table = pa.table({f.name: pa.array(cols[f.name], f.type) for f in MANIFEST_SCHEMA})
+        table = pa.table(
+            {f.name: pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(k, f.type) for f in MANIFEST_SCHEMA}
+        )
         name = f"{output}/_manifest/done/part-synthetic-{i // step:06d}.parquet"
         if fs is None:
             Path(name).parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +182,15 @@ def summary_of(out: str, fs=None) -> dict:
     return json.loads((Path(out) / "_summary.json").read_text())
 
 
+def done_rerun_summary(out: str, n: int, fs=None) -> dict:
+    """The summary of the re-run of a done catalog, which must have skipped every input (else the
+    synthetic manifest is not what a run records, and the figures would time masking instead)."""
+    s = summary_of(out, fs)
+    if s["skipped"] != n:
+        raise SystemExit(f"the done re-run skipped {s['skipped']} of {n} inputs: its figures would not be a re-run's")
+    return s
+
+
 def bench_local(work: Path, n: int, env: dict[str, str]) -> list[dict]:
     src, listing = local_catalog(work / f"cat{n}", n)
     rows = []
@@ -182,7 +205,7 @@ def bench_local(work: Path, n: int, env: dict[str, str]) -> list[dict]:
             sources = [str(src / f"d{i // PER_FOLDER:04d}" / f"img{i:07d}.jpg") for i in range(n)]
         done_manifest(str(out), sources, listing if kind == "list" else None)
         rerun = launch(["run", "--input", input_uri, "--output", str(out)], env, None)
-        s = summary_of(str(out))
+        s = done_rerun_summary(str(out), n)
         rows.append(
             {
                 "where": "local",
@@ -235,7 +258,7 @@ def bench_gcs(work: Path, n: int, env: dict[str, str], delay_ms: float) -> list[
         done_manifest(out, [f"gs://{p}" for p in names], None, fs)
         proxy.reset()
         rerun = launch(["run", "--input", f"gs://{bucket}/in", "--output", out], env, None)
-        s = summary_of(out, fs)
+        s = done_rerun_summary(out, n, fs)
         row = {
             "where": f"gcs emulator (+{delay_ms:g} ms per request)",
             "input": "prefix",
