@@ -327,8 +327,10 @@ def earlier_evidence(output: str, storage_options: dict, fp: str):
     fs = None if storage.protocol_of(output) == "file" else storage.filesystem(output, storage_options)
     root = storage.strip_protocol(manifest_root(output))
     try:
-        # Ray's partition filter is applied to each listed path, before its footer is read; its
-        # "partition" here is the part's file name.
+        # Ray applies a partition filter to each listed path before reading its footer, as
+        # filter(parser(path)); the parser here returns the file's name (Ray's own read hive or
+        # folder partitions, which a part's name is not). tests/test_scale.py corrupts a
+        # -nomasks part to check that it is never opened.
         parts = PathPartitionFilter(file_name_of, records_evidence)
         ds = ray.data.read_parquet(
             root, filesystem=fs, file_extensions=["parquet"], partitioning=None, partition_filter=parts
