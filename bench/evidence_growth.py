@@ -3,14 +3,15 @@ the parts that recorded masks).
 
 Builds an output folder as maskray leaves it after one run that masked N inputs and K re-runs
 that skipped all of them (parts of ``manifest.ROWS_PER_PART`` rows written by
-``manifest.part_bytes`` and named by ``manifest.part_name``), then, on a local 2-CPU Ray in this
-process and interleaving round by round, times:
+``manifest.part_bytes``), twice: parts named by ``manifest.part_name`` as now, and every part
+plainly ``.parquet`` as stop 22 wrote them. Then, on a local 2-CPU Ray in this process and
+interleaving round by round, times:
 
 * the evidence read as it was before stop 22 (ok and skipped rows both counted as records, Ray's
-  default pool of 32 Parquet footer-reader actors); as stop 22 read it (ok rows only, the filter
-  pushed into the Parquet scan, the footer readers sized to the cluster, every part opened); and
-  as a run reads it now (``plan.earlier_evidence`` under ``execution.footer_readers_for``: parts
-  named as holding no mask are left out at listing);
+  default pool of 32 Parquet footer-reader actors); and a run's own read (``plan.earlier_evidence``
+  under ``execution.footer_readers_for``: ok rows only, footer readers sized to the cluster) of
+  the plainly named parts, which opens every part as stop 22 did, and of the parts named as now,
+  where those holding no mask are left out at listing;
 * the resolve's shuffle of the next re-run (the N listed inputs, read first, grouped with that
   evidence, read first) before and now: the part that grows with the evidence's rows.
 
@@ -60,18 +61,20 @@ def run_rows(sources: list[str], status: str, finished_at: float) -> pa.Table:
     )
 
 
-def write_run(out: Path, run_id: str, sources: list[str], status: str, finished_at: float) -> None:
+def write_run(out: Path, run_id: str, sources: list[str], status: str, finished_at: float, named: bool) -> None:
+    """One run's parts; ``named``: as maskray names them now (``-nomasks`` when no row is ok),
+    else every part plain ``.parquet``, as stop 22 wrote them."""
     folder = out / "_manifest" / run_id
     folder.mkdir(parents=True)
     step = manifest.ROWS_PER_PART
     for i in range(0, len(sources), step):
         table = run_rows(sources[i : i + step], status, finished_at)
-        name = manifest.part_name("a", i // step, manifest.records_masks(table))
+        name = manifest.part_name("a", i // step, manifest.records_masks(table) or not named)
         (folder / name).write_bytes(manifest.part_bytes(table))
 
 
 def evidence_as_before(output: str):
-    """The read before this change: ok and skipped rows both counted as records."""
+    """The read before stop 22: ok and skipped rows both counted as records, 32 footer readers."""
     import ray
 
     def both(batch: pa.Table) -> pa.Table:
@@ -82,28 +85,21 @@ def evidence_as_before(output: str):
     return ds.map_batches(both, batch_format="pyarrow", batch_size=None)
 
 
-def evidence_every_part(output: str):
-    """Stop 22's read: ok rows only, footer readers sized to this 2-CPU cluster, every part opened."""
-    import ray
-    from ray.data.expressions import col
-
-    from maskray.pipeline.execution import footer_readers_for
-
-    with footer_readers_for(2.0):
-        ds = ray.data.read_parquet(plan.manifest_root(output), file_extensions=["parquet"], partitioning=None)
-    ds = ds.select_columns(plan.EVIDENCE_COLUMNS).filter(expr=col("status") == OK)
-    return ds.map_batches(plan.evidence_rows, fn_kwargs={"fp": FP}, batch_format="pyarrow", batch_size=None)
-
-
 def evidence_now(output: str):
-    """As a run reads it: ok rows of the parts that recorded masks, footer readers sized to 2 CPUs."""
+    """As a run reads it (``plan.earlier_evidence``), footer readers sized to 2 CPUs."""
     from maskray.pipeline.execution import footer_readers_for
 
     with footer_readers_for(2.0):
         return plan.earlier_evidence(output, {}, FP)
 
 
-CONTENDERS = (("before", evidence_as_before), ("every part", evidence_every_part), ("now", evidence_now))
+# (name, read, which folder): "every part" is today's read of parts named as stop 22 named them,
+# so it opens every part, as stop 22's read did.
+CONTENDERS = (
+    ("before", evidence_as_before, "plain"),
+    ("every part", evidence_now, "plain"),
+    ("now", evidence_now, "named"),
+)
 
 
 def timed(make):
@@ -131,16 +127,17 @@ def main() -> int:
         listing = Path(tmp) / "list.txt"
         listing.write_text("\n".join(sources) + "\n")
         for k in args.reruns:
-            out = Path(tmp) / f"out{k}"
-            write_run(out, "first", sources, OK, 1000.0)
-            for r in range(k):
-                write_run(out, f"rerun{r}", sources, SKIPPED, 2000.0 + r)
-            execution.configure_data_context(RunConfig(input=str(listing), output=str(out)))
-            spec = plan.check_input(str(listing), str(out), {})
+            outs = {how: Path(tmp) / f"out{k}-{how}" for how in ("named", "plain")}
+            for how, out in outs.items():
+                write_run(out, "first", sources, OK, 1000.0, how == "named")
+                for r in range(k):
+                    write_run(out, f"rerun{r}", sources, SKIPPED, 2000.0 + r, how == "named")
+            execution.configure_data_context(RunConfig(input=str(listing), output=str(outs["named"])))
+            spec = plan.check_input(str(listing), str(outs["named"]), {})
             results: dict[str, list] = {}
             for _ in range(args.rounds):
-                for name, evidence in CONTENDERS:
-                    secs, read = timed(lambda e=evidence, o=str(out): e(o))
+                for name, evidence, how in CONTENDERS:
+                    secs, read = timed(lambda e=evidence, o=str(outs[how]): e(o))
                     results.setdefault(f"read {name}", []).append((round(secs, 2), read.count()))
                     if name == "every part":
                         continue  # the same rows as "now": the same shuffle

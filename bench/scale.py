@@ -17,6 +17,7 @@ as a new process and prints:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -70,6 +71,7 @@ def local_catalog(root: Path, n: int) -> tuple[Path, Path]:
     return src, listing
 
 
+@functools.cache
 def default_fingerprint() -> str:
     """What a plain ``maskray run`` records on this machine (default settings, the engine ``auto``
     picks): the fingerprint a done catalog's rows must carry for the re-run to skip them."""

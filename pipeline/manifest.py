@@ -3,12 +3,12 @@
 ``<output>/_manifest/<run_id>/part-<attempt>-<task>.parquet``: one row per input the run saw
 (``pipeline.rows.MANIFEST_SCHEMA``), written in parallel by the write tasks of a Ray Data
 ``Datasink``. A part that records no mask written (only skipped or failed rows) is named
-``part-<attempt>-<task>-nomasks.parquet``: a re-run reads only the other parts as evidence, so the
-parts of done re-runs are never opened again. A part's name is fixed by the run's attempt token,
-the write task's index and that flag; a retried task rewrites the same part (and removes the
-other name's, should its rows have changed), so it can never duplicate rows; the attempt token keeps a
-reused ``--run-id`` from mixing its new parts with an earlier attempt's (those are removed once
-the new attempt completes). Each write task returns small statistics of its rows (counts, error
+``part-<attempt>-<task>-nomasks.parquet``: a re-run reads only the other parts as evidence, so
+the parts of done re-runs are never opened again. A part's name is fixed by the run's attempt
+token, the write task's index and that flag; a retried task rewrites the same part (and removes
+the other name's, should its rows have changed), so it can never duplicate rows; the attempt
+token keeps a reused ``--run-id`` from mixing its new parts with an earlier attempt's (those are
+removed once the new attempt completes). Each write task returns small statistics of its rows (counts, error
 kinds with a few example sources, stage-time sums, first and last timestamps, per-node and
 per-actor figures); the driver merges those, never the rows. ``_summary.json`` is written last
 and is the run's commit marker: it names the attempt whose parts make up the run.

@@ -110,9 +110,9 @@ def batch_size_for(n: int, batch_size: int, pool: int) -> int:
 
 # Ray Data 2.60 reads Parquet footers (earlier manifests, Parquet lists) on a pool of actors, 32
 # whatever the cluster's size (``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``). On a small cluster
-# starting them costs far more than the reads: on 2 CPUs, 1,176 manifest parts listed in 20 s
-# with 32 actors and in 1.8 s with one (`bench/evidence_growth.py`). One actor (128 concurrent
-# reads) per 8 CPUs present when the plan is made (the actors are placed then), up to Ray's 32.
+# starting them costs far more than the reads (`bench/evidence_growth.py`, figures in the README's
+# "At catalog scale"). One actor (128 concurrent reads) per 8 CPUs present when the plan is made
+# (the actors are placed then), up to Ray's 32.
 FOOTER_READERS_MAX = 32
 
 
