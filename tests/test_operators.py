@@ -135,6 +135,26 @@ def test_png_encoders_are_lossless_and_single_channel():
     assert np.asarray(Image.open(io.BytesIO(encode.encode_rgba_png(rgba, 1)))).tolist() == np.asarray(rgba).tolist()
 
 
+@pytest.mark.parametrize("level", range(10))
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (7, 1), (48, 64), (301, 203)])
+def test_mask_png_is_lossless_at_every_level_and_shape(level, shape):
+    rng = np.random.default_rng(sum(shape) + level)
+    mask = np.zeros(shape, np.uint8)
+    mask[shape[0] // 3 :, : shape[1] // 2] = 255  # runs, as masks have
+    mask[: shape[0] // 2] = rng.integers(0, 256, (shape[0] // 2, shape[1]))  # and every byte value
+    png = encode.encode_mask_png(mask[:, ::-1][:, ::-1], level)  # a strided view is made contiguous
+    back = Image.open(io.BytesIO(png))
+    back.load()  # PIL checks every chunk's CRC here
+    assert back.mode == "L" and back.size == shape[::-1] and np.array_equal(np.asarray(back), mask)
+    assert np.array_equal(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_UNCHANGED), mask)
+
+
+def test_mask_png_refuses_what_is_not_a_mask():
+    for bad in (np.zeros((2, 2, 3), np.uint8), np.zeros((0, 4), np.uint8)):
+        with pytest.raises(ValueError, match="2-D"):
+            encode.encode_mask_png(bad, 1)
+
+
 def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
     """prepare -> (inference by hand) -> finish, writing a real mask; no Ray involved."""
     src = tmp_path / "in" / "cat.jpg"
