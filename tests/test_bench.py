@@ -30,3 +30,14 @@ def test_bench_writes_table_json_and_chart(tmp_path, capsys):
     assert "| maskray |" in md and md in capsys.readouterr().out
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "work").exists()
+
+
+def test_catalog_photos_bench_prints_every_step_and_the_gate(capsys):
+    from bench import catalog_photos
+
+    assert catalog_photos.main(["--megapixels", "0.2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| 0.2 |") == 7  # six photos and their mean
+    assert "mask PNG ms libpng / maskray" in out
+    # The verdicts: one per cheap path, each naming its worst case against the gate.
+    assert out.count("0.2 MP cubic: worst MAD") == 1 and out.count("0.2 MP fast_decode: worst MAD") == 1

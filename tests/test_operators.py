@@ -149,10 +149,24 @@ def test_mask_png_is_lossless_at_every_level_and_shape(level, shape):
     assert np.array_equal(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_UNCHANGED), mask)
 
 
-def test_mask_png_refuses_what_is_not_a_mask():
-    for bad in (np.zeros((2, 2, 3), np.uint8), np.zeros((0, 4), np.uint8)):
-        with pytest.raises(ValueError, match="2-D"):
+def test_cutout_png_is_lossless_rgba():
+    rng = np.random.default_rng(7)
+    rgba = np.zeros((37, 53, 4), np.uint8)
+    rgba[10:30, 5:40] = rng.integers(0, 256, (20, 35, 4))  # a photo-like subject on transparency
+    for level in (0, 1, 3, 6):
+        back = Image.open(io.BytesIO(encode.encode_rgba_png(Image.fromarray(rgba, "RGBA"), level)))
+        assert back.mode == "RGBA" and np.array_equal(np.asarray(back), rgba)
+
+
+def test_png_refuses_what_is_not_a_mask_or_rgba():
+    for bad in (np.zeros((2, 2, 4), np.uint8), np.zeros(5, np.uint8)):
+        with pytest.raises(ValueError, match="a mask must be a 2-D array"):
             encode.encode_mask_png(bad, 1)
+    with pytest.raises(ValueError, match="non-empty"):
+        encode.encode_mask_png(np.zeros((0, 4), np.uint8), 1)
+    for bad in (np.zeros((2, 2, 3), np.uint8), np.zeros((0, 2, 4), np.uint8)):
+        with pytest.raises(ValueError, match="RGBA"):
+            encode.encode_png(bad, 1)
 
 
 def test_stage_functions_end_to_end_on_local_files(tmp_path, ort_session):
