@@ -103,12 +103,27 @@ class Sampler:
         return float(np.mean(self.cpu)) if self.cpu else 0.0
 
 
-def make_inputs(n: int, dest: Path, megapixels: float = 0.0) -> list[Path]:
-    """The samples repeated; with ``megapixels``, each sample upscaled once to a JPEG of that size
-    (quality 90, the sample's aspect ratio): catalog-size photos."""
+def sample_photos() -> list[Path]:
+    return sorted(p for p in (ROOT / "samples").iterdir() if p.suffix.lower() in (".jpg", ".png"))
+
+
+def catalog_jpeg(photo: Path, megapixels: float) -> bytes:
+    """A sample upscaled (Lanczos) to a JPEG of about ``megapixels`` (quality 90, its aspect ratio)."""
+    import io
+
     from PIL import Image
 
-    photos = sorted(p for p in (ROOT / "samples").iterdir() if p.suffix.lower() in (".jpg", ".png"))
+    img = Image.open(photo).convert("RGB")
+    k = (megapixels * 1e6 / (img.width * img.height)) ** 0.5
+    buf = io.BytesIO()
+    img.resize((round(img.width * k), round(img.height * k)), Image.LANCZOS).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def make_inputs(n: int, dest: Path, megapixels: float = 0.0) -> list[Path]:
+    """The samples repeated; with ``megapixels``, each sample upscaled once to a JPEG of that size
+    (``catalog_jpeg``): catalog-size photos."""
+    photos = sample_photos()
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -117,10 +132,8 @@ def make_inputs(n: int, dest: Path, megapixels: float = 0.0) -> list[Path]:
         big_dir.mkdir(exist_ok=True)
         scaled = []
         for p in photos:
-            img = Image.open(p).convert("RGB")
-            k = (megapixels * 1e6 / (img.width * img.height)) ** 0.5
             target = big_dir / (p.stem + ".jpg")
-            img.resize((round(img.width * k), round(img.height * k)), Image.LANCZOS).save(target, quality=90)
+            target.write_bytes(catalog_jpeg(p, megapixels))
             scaled.append(target)
         photos = scaled
     out = []

@@ -34,11 +34,11 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench import catalog_jpeg, sample_photos  # noqa: E402
 from maskray.operators import agreement, decode, encode, postprocess, preprocess  # noqa: E402
 from maskray.operators.engines import EngineSpec, open_engine  # noqa: E402
 from maskray.pipeline.weights import default_model  # noqa: E402
 
-SAMPLES = ROOT / "samples"
 GATE_MAD, GATE_IOU = 0.5, 0.995
 LIBPNG_PARAMS = [
     cv2.IMWRITE_PNG_COMPRESSION,
@@ -48,14 +48,6 @@ LIBPNG_PARAMS = [
     cv2.IMWRITE_PNG_STRATEGY,
     cv2.IMWRITE_PNG_STRATEGY_RLE,
 ]
-
-
-def upscaled_jpeg(path: Path, megapixels: float) -> bytes:
-    img = Image.open(path).convert("RGB")
-    k = (megapixels * 1e6 / (img.width * img.height)) ** 0.5
-    buf = io.BytesIO()
-    img.resize((round(img.width * k), round(img.height * k)), Image.Resampling.LANCZOS).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
 
 
 def best_ms(fn: Callable[[], Any], repeats: int) -> float:
@@ -160,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cv2.setNumThreads(1)  # one thread, as in a decode or write task
     engine = open_engine(Path(default_model()).read_bytes(), EngineSpec())
-    photos = sorted(p for p in SAMPLES.iterdir() if p.suffix in (".jpg", ".png"))
+    photos = sample_photos()
     results: dict[float, dict[str, dict[str, float]]] = {}
     for mp in args.megapixels:
-        results[mp] = {p.name: measure_photo(upscaled_jpeg(p, mp), engine, args.repeats) for p in photos}
+        results[mp] = {p.name: measure_photo(catalog_jpeg(p, mp), engine, args.repeats) for p in photos}
     print(table(results))
     for mp, photos_ in results.items():
         for what in ("cubic", "fast_decode"):

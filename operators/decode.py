@@ -83,9 +83,8 @@ def decode_for_model(
 
 
 def upright(img: Image.Image) -> None:
-    """Apply the EXIF orientation in place: the default returns a copy even when there is nothing to
-    turn, a whole-image copy that costs about a fifth of a catalog photo's decode (README,
-    "Catalog-size photos")."""
+    """Apply the EXIF orientation in place: the default returns a whole-image copy even when there
+    is nothing to turn, a cost that grows with the photo."""
     ImageOps.exif_transpose(img, in_place=True)
 
 

@@ -44,7 +44,7 @@ def deflate(data: np.ndarray, level: int) -> bytes:
     """A zlib stream of ``data``'s bytes (its buffer is read in place, not copied)."""
     view = np.ascontiguousarray(data).data  # a memoryview: no copy
     if level <= ISAL_MAX_LEVEL:
-        return bytes(isal_zlib.compress(view, level))
+        return isal_zlib.compress(view, level)
     return zlib.compress(view, level)
 
 
