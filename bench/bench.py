@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -52,14 +53,43 @@ REMBG_VENV = ROOT / ".venv-rembg"
 # ------------------------------------------------------------------ measuring a run
 
 
+def is_inference_actor(title: str) -> bool:
+    return "InferenceActor" in title or "MapWorker" in title
+
+
+# A process's CPU counts as the first of these kinds its title ever showed (a pool actor and a
+# task worker both start as idle workers): the actors, the workers of the decode and write tasks,
+# and the rest (the driver, Ray's own processes and actors).
+CPU_KINDS = ("inference", "image tasks", "ray and driver")
+
+
+def cpu_kind(title: str, was: str) -> str:
+    if was != "ray and driver":
+        return was
+    if is_inference_actor(title):
+        return "inference"
+    return "image tasks" if "prepare_batch" in title or "finish_batch" in title else was
+
+
 class Sampler:
-    """Samples machine CPU busy fraction and the RSS of a process tree while a run goes."""
+    """Samples machine CPU busy fraction, and the RSS and CPU time of a process tree, while a run goes.
+
+    CPU time is split by ``CPU_KINDS``: the inference actors' processes and everything else in
+    the tree (decode and write tasks, the driver, Ray's own processes): what the run spent around
+    the model.
+    Stage timers cannot give this: on 2 CPUs a decode task shares its core with an actor, so its
+    wall-clock stage time counts the actor's slices too, and Ray's own work has no stage at all.
+    A process's last < ``interval`` s before it exits is not seen.
+    """
 
     def __init__(self, root_pid: int | None = None, interval: float = 0.25, extra_roots: tuple[int, ...] = ()) -> None:
         self.roots, self.interval = (root_pid or os.getpid(), *extra_roots), interval
         self.cpu: list[float] = []
         self.peak_rss = 0
         self.peak_rss_per_proc: dict[str, int] = {}
+        self._cpu_by_pid: dict[int, tuple[str, float]] = {}  # pid -> (CPU kind, CPU s so far)
+        # (wall-clock time, {CPU kind: CPU s so far}), one per sample
+        self.cpu_series: list[tuple[float, dict[str, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -91,12 +121,33 @@ class Sampler:
                     rss = proc.memory_info().rss
                     title = proc.name()
                     name = " ".join(proc.cmdline()[:1] + [title])[:80]
+                    times = proc.cpu_times()
                 except psutil.Error:
                     continue
                 total += rss
-                key = "actor" if "InferenceActor" in title or "MapWorker" in title else name
+                key = "actor" if is_inference_actor(title) else name
                 self.peak_rss_per_proc[key] = max(self.peak_rss_per_proc.get(key, 0), rss)
+                kind = cpu_kind(title, self._cpu_by_pid.get(proc.pid, (CPU_KINDS[-1], 0.0))[0])
+                self._cpu_by_pid[proc.pid] = (kind, times.user + times.system)
             self.peak_rss = max(self.peak_rss, total)
+            by_kind = dict.fromkeys(CPU_KINDS, 0.0)
+            for kind, cpu in self._cpu_by_pid.values():
+                by_kind[kind] += cpu
+            self.cpu_series.append((time.time(), by_kind))
+
+    def cpu_shares(self, start: float = 0.0, end: float = math.inf) -> dict[str, float] | None:
+        """Each kind's share of the tree's CPU time between two wall-clock times (by default the
+        whole run; None if no inference actor ran in that window)."""
+        window = [s for s in self.cpu_series if start <= s[0] <= end]
+        if len(window) < 2:
+            return None
+        used = {k: window[-1][1][k] - window[0][1][k] for k in CPU_KINDS}
+        total = sum(used.values())
+        return {k: v / total for k, v in used.items()} if used["inference"] > 0 else None
+
+    def cpu_outside_inference(self, start: float = 0.0, end: float = math.inf) -> float | None:
+        shares = self.cpu_shares(start, end)
+        return 1 - shares["inference"] if shares else None
 
     @property
     def cpu_utilisation(self) -> float:
@@ -234,8 +285,9 @@ def manifest_metrics(out: Path) -> dict[str, Any]:
         span = rows.finished_at.iloc[-1] - rows.finished_at.iloc[k]
         steady = (len(rows) - 1 - k) / span if span > 0 else None
     stages = {c[:-3]: float(rows[c].mean()) for c in stage_cols}
-    # Work around the model: every stage but inference, as a share of all stage time (each stage
-    # runs single-threaded, so stage time is CPU time).
+    # Work around the model: every stage but inference, as a share of all stage time. Stage times
+    # are wall-clock, so on a busy machine they overstate the decode and write stages (see
+    # ``Sampler``); the CPU-time share is ``cpu_outside_infer_share``.
     total = sum(stages.values())
     outside = (total - stages.get("infer", 0.0)) / total if total else None
     return {
@@ -248,6 +300,8 @@ def manifest_metrics(out: Path) -> dict[str, Any]:
         "cold_start_s": summary["seconds_to_first_mask"],
         "stage_ms_mean": stages,
         "summary_seconds": summary["seconds"],
+        "first_mask_at": float(rows.finished_at.iloc[0]) if len(rows) else 0.0,
+        "last_mask_at": float(rows.finished_at.iloc[-1]) if len(rows) else 0.0,
     }
 
 
@@ -260,6 +314,8 @@ def run_pipeline(
     wall, sampler, _ = timed_subprocess(
         [*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"}, extra_roots=extra_roots
     )
+    metrics = manifest_metrics(out)
+    masking = metrics.pop("first_mask_at"), metrics.pop("last_mask_at")
     return {
         "images": len(files),
         "seconds": wall,
@@ -267,7 +323,11 @@ def run_pipeline(
         "cpu_utilisation": sampler.cpu_utilisation,
         "peak_rss_total_mb": sampler.peak_rss / 2**20,
         "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20,
-        **manifest_metrics(out),
+        # The whole run's CPU (start-up and shutdown included), and from the first mask to the last.
+        "cpu_outside_infer_share": sampler.cpu_outside_inference(),
+        "steady_cpu_outside_infer_share": sampler.cpu_outside_inference(*masking),
+        "steady_cpu_shares": sampler.cpu_shares(*masking),
+        **metrics,
     }
 
 
@@ -386,6 +446,8 @@ def summarise(runs: dict[str, list[dict]], cpus: int, price_per_hour: float) -> 
             "peak_rss_per_actor_mb": spread([r["peak_rss_per_actor_mb"] for r in rs])["median"],
             "cold_start_s": spread([r.get("cold_start_s") for r in rs])["median"],
             "outside_infer_share": spread([r.get("outside_infer_share") for r in rs])["median"],
+            "cpu_outside_infer_share": spread([r.get("cpu_outside_infer_share") for r in rs])["median"],
+            "steady_cpu_outside_infer_share": spread([r.get("steady_cpu_outside_infer_share") for r in rs])["median"],
             "cost_per_million_usd": price_per_hour / (ips["median"] * 3600) * 1e6,
         }
     return table
@@ -402,8 +464,9 @@ def markdown(table: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         "| contender | img/s min / median / max | steady img/s | img/s per CPU | × ceiling min / median / max "
         "| steady × ceiling | × rembg | p50 / p95 ms per image "
-        "| CPU util | peak RSS total / per actor MB | cold start s | time outside inference | $ per 1M |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| CPU util | peak RSS total / per actor MB | cold start s | stage time outside inference "
+        "| CPU outside inference: run / steady | $ per 1M |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in table.items():
         ips, frac = r["images_per_second"], r["fraction_of_ceiling"]
@@ -415,7 +478,9 @@ def markdown(table: dict[str, Any], meta: dict[str, Any]) -> str:
             f"| {fmt((r['versus_rembg'] or {}).get('median'))} "
             f"| {fmt(r['latency_p50_ms'], '.0f')} / {fmt(r['latency_p95_ms'], '.0f')} | {fmt(r['cpu_utilisation'])} "
             f"| {fmt(r['peak_rss_total_mb'], '.0f')} / {fmt(r['peak_rss_per_actor_mb'], '.0f')} "
-            f"| {fmt(r['cold_start_s'], '.1f')} | {fmt(r['outside_infer_share'])} | {fmt(r['cost_per_million_usd'])} |"
+            f"| {fmt(r['cold_start_s'], '.1f')} | {fmt(r['outside_infer_share'])} "
+            f"| {fmt(r.get('cpu_outside_infer_share'))} / {fmt(r.get('steady_cpu_outside_infer_share'))} "
+            f"| {fmt(r['cost_per_million_usd'])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -475,10 +540,12 @@ def run_rounds(names: list[str], files: list[Path], work: Path, cpus: int, round
             after = probe(files, cpus)
             result["ceiling_nearby"] = (before + after) / 2
             runs[name].append(result)
+            shares = result.get("steady_cpu_shares")
+            split = ", ".join(f"{k} {v:.3f}" for k, v in shares.items()) if shares else ""
             print(
                 f"round {rnd + 1} {name}: {result['images_per_second']:.3f} img/s "
                 f"({speed(result):.2f} x the ceiling probes "
-                f"{before:.2f} / {after:.2f})",
+                f"{before:.2f} / {after:.2f})" + (f"; CPU from the first mask to the last: {split}" if split else ""),
                 flush=True,
             )
             before = after

@@ -25,6 +25,10 @@ def test_bench_writes_table_json_and_chart(tmp_path, capsys):
     assert 0 < maskray["latency_p50_ms"] <= maskray["latency_p95_ms"]
     # 8 masks are too few for a steady-state figure: it is reported as missing, not made up.
     assert maskray["steady_images_per_second"]["median"] is None
+    # The process tree's CPU time, split: the actors' share is real, so is the rest's (the driver
+    # and Ray's own processes at least); the ceiling runs no actors, so it has no split.
+    assert 0 < maskray["cpu_outside_infer_share"] < 1
+    assert ceiling["cpu_outside_infer_share"] is None
     assert maskray["cost_per_million_usd"] > ceiling["cost_per_million_usd"] > 0
     md = (tmp_path / "bench.md").read_text()
     assert "| maskray |" in md and md in capsys.readouterr().out
