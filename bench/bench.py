@@ -57,18 +57,20 @@ def is_inference_actor(title: str) -> bool:
     return "InferenceActor" in title or "MapWorker" in title
 
 
-# A process's CPU counts as the first of these kinds its title ever showed (a pool actor and a
-# task worker both start as idle workers): the actors, the workers of the decode and write tasks,
-# and the rest (the driver, Ray's own processes and actors).
+# What a process's CPU time counts as: the inference actors, the workers of the decode and write
+# tasks, and the rest (the driver, Ray's own processes and actors).
 CPU_KINDS = ("inference", "image tasks", "ray and driver")
+REST = CPU_KINDS[-1]
 
 
-def cpu_kind(title: str, was: str) -> str:
-    if was != "ray and driver":
+def cpu_kind(title: str, was: str = REST) -> str:
+    """The first kind other than the rest that a process's title ever showed: a pool actor and a
+    task worker both start as idle workers, and a task worker is idle between tasks."""
+    if was != REST:
         return was
     if is_inference_actor(title):
         return "inference"
-    return "image tasks" if "prepare_batch" in title or "finish_batch" in title else was
+    return "image tasks" if "prepare_batch" in title or "finish_batch" in title else REST
 
 
 class Sampler:
@@ -127,7 +129,7 @@ class Sampler:
                 total += rss
                 key = "actor" if is_inference_actor(title) else name
                 self.peak_rss_per_proc[key] = max(self.peak_rss_per_proc.get(key, 0), rss)
-                kind = cpu_kind(title, self._cpu_by_pid.get(proc.pid, (CPU_KINDS[-1], 0.0))[0])
+                kind = cpu_kind(title, self._cpu_by_pid.get(proc.pid, (REST, 0.0))[0])
                 self._cpu_by_pid[proc.pid] = (kind, times.user + times.system)
             self.peak_rss = max(self.peak_rss, total)
             by_kind = dict.fromkeys(CPU_KINDS, 0.0)

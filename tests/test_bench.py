@@ -36,6 +36,16 @@ def test_bench_writes_table_json_and_chart(tmp_path, capsys):
     assert not (tmp_path / "work").exists()
 
 
+def test_cpu_kind_is_the_first_kind_a_process_showed():
+    idle, actor = "ray::IDLE", "ray::MapWorker(MapBatches(InferenceActor))"
+    assert bench.cpu_kind(idle) == "ray and driver"
+    assert bench.cpu_kind(idle, bench.cpu_kind(actor)) == "inference"
+    task = bench.cpu_kind("ray::MapBatches(prepare_batch)")
+    assert task == "image tasks" and bench.cpu_kind(idle, task) == "image tasks"
+    assert bench.cpu_kind("ray::MapBatches(finish_batch)") == "image tasks"
+    assert bench.cpu_kind("ray::_StatsActor") == "ray and driver"
+
+
 def test_catalog_photos_bench_prints_every_step_and_the_gate(capsys):
     from bench import catalog_photos
 
