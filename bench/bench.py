@@ -147,13 +147,13 @@ class Sampler:
         total = sum(used.values())
         return {k: v / total for k, v in used.items()} if used["inference"] > 0 else None
 
-    def cpu_outside_inference(self, start: float = 0.0, end: float = math.inf) -> float | None:
-        shares = self.cpu_shares(start, end)
-        return 1 - shares["inference"] if shares else None
-
     @property
     def cpu_utilisation(self) -> float:
         return float(np.mean(self.cpu)) if self.cpu else 0.0
+
+
+def outside_inference(shares: dict[str, float] | None) -> float | None:
+    return 1 - shares["inference"] if shares else None
 
 
 def sample_photos() -> list[Path]:
@@ -317,7 +317,7 @@ def run_pipeline(
         [*cmd, str(out)], env={**os.environ, "RAY_AUTH_MODE": "disabled"}, extra_roots=extra_roots
     )
     metrics = manifest_metrics(out)
-    masking = metrics.pop("first_mask_at"), metrics.pop("last_mask_at")
+    steady = sampler.cpu_shares(metrics.pop("first_mask_at"), metrics.pop("last_mask_at"))
     return {
         "images": len(files),
         "seconds": wall,
@@ -326,9 +326,9 @@ def run_pipeline(
         "peak_rss_total_mb": sampler.peak_rss / 2**20,
         "peak_rss_per_actor_mb": sampler.peak_rss_per_proc.get("actor", 0) / 2**20,
         # The whole run's CPU (start-up and shutdown included), and from the first mask to the last.
-        "cpu_outside_infer_share": sampler.cpu_outside_inference(),
-        "steady_cpu_outside_infer_share": sampler.cpu_outside_inference(*masking),
-        "steady_cpu_shares": sampler.cpu_shares(*masking),
+        "cpu_outside_infer_share": outside_inference(sampler.cpu_shares()),
+        "steady_cpu_outside_infer_share": outside_inference(steady),
+        "steady_cpu_shares": steady,
         **metrics,
     }
 

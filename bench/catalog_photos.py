@@ -39,7 +39,6 @@ from maskray.operators import agreement, decode, encode, postprocess, preprocess
 from maskray.operators.engines import EngineSpec, open_engine  # noqa: E402
 from maskray.pipeline.weights import default_model  # noqa: E402
 
-GATE_MAD, GATE_IOU = 0.5, 0.995
 LIBPNG_PARAMS = [
     cv2.IMWRITE_PNG_COMPRESSION,
     1,
@@ -90,9 +89,6 @@ def measure_photo(data: bytes, engine: Any, repeats: int) -> dict[str, float]:
     for png in (cut_before, cut_now):
         assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), np.asarray(cut))
 
-    def mad(a: np.ndarray, b: np.ndarray) -> float:
-        return float(np.abs(a.astype(np.int16) - b).mean())
-
     return {
         "decode_ms": best_ms(lambda: decode.decode_rgb(data, 10**9), repeats),
         "decode_fast_ms": best_ms(
@@ -110,9 +106,9 @@ def measure_photo(data: bytes, engine: Any, repeats: int) -> dict[str, float]:
         "cutout_maskray_ms": best_ms(lambda: encode.encode_rgba_png(cut, 1), repeats),
         "cutout_libpng_kib": len(cut_before) / 1024,
         "cutout_maskray_kib": len(cut_now) / 1024,
-        "cubic_mad": mad(exact, cubic),
+        "cubic_mad": agreement.mad(exact, cubic),
         "cubic_iou": agreement.iou(exact, cubic),
-        "fast_decode_mad": mad(exact, fast),
+        "fast_decode_mad": agreement.mad(exact, fast),
         "fast_decode_iou": agreement.iou(exact, fast),
     }
 
@@ -161,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         for what in ("cubic", "fast_decode"):
             worst_mad = max(r[f"{what}_mad"] for r in photos_.values())
             worst_iou = min(r[f"{what}_iou"] for r in photos_.values())
-            verdict = "inside" if worst_mad <= GATE_MAD and worst_iou >= GATE_IOU else "OUTSIDE"
+            inside = worst_mad <= agreement.CHEAP_PATH_MAX_MAD and worst_iou >= agreement.CHEAP_PATH_MIN_IOU
+            verdict = "inside" if inside else "OUTSIDE"
             print(f"{mp:g} MP {what}: worst MAD {worst_mad:.3f}, worst IoU {worst_iou:.4f}: {verdict} the gate")
     return 0
 
