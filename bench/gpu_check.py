@@ -213,7 +213,7 @@ def main() -> int:
     mads, ious = [], []
     for stem, ref in reference.items():
         got = np.asarray(Image.open(out / "masks" / f"{stem}.jpg.png"))
-        mads.append(float(np.abs(got.astype(np.int16) - ref).mean()))
+        mads.append(agreement.mad(got, ref))
         ious.append(agreement.iou(got, ref))
     results["agreement_vs_cpu"] = {"photos": len(mads), "max_mad": round(max(mads), 4), "min_iou": round(min(ious), 5)}
     print(json.dumps(results, indent=1))
