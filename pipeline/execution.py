@@ -32,50 +32,13 @@ from maskray.pipeline.graph import (
 from maskray.pipeline.manifest import read_summary
 from maskray.pipeline.model import LoadedModel
 from maskray.pipeline.plan import InputSpec
+from maskray.pipeline.ray_connect import Connection, start
 from maskray.pipeline.sink import ManifestSink
 from maskray.pipeline.sizing import Reservations
 from maskray.pipeline.stages import StageSettings
 from maskray.pipeline.stopping import EXIT_SIGNAL, Stopped
 
 log = logging.getLogger("maskray")
-
-# Env vars that tell storage clients where an emulator or custom endpoint is; workers on a
-# remote cluster need them too (a local Ray's workers inherit the driver's environment).
-ENDPOINT_ENV_VARS = (
-    "STORAGE_EMULATOR_HOST",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
-)
-
-
-def endpoint_env() -> dict[str, str]:
-    return {k: os.environ[k] for k in ENDPOINT_ENV_VARS if k in os.environ}
-
-
-def connect(cfg: RunConfig, env_vars: dict[str, str]) -> bool:
-    """Join ``--address``/``RAY_ADDRESS``, or start a local Ray. Returns True if we started it."""
-    if ray.is_initialized():
-        return False
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": env_vars} if env_vars else None
-    if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-        return False
-    # address="local": never attach to a stale cluster recorded by an earlier `ray start`.
-    ray.init(
-        address="local",
-        num_cpus=cfg.num_cpus,
-        runtime_env=runtime_env,
-        include_dashboard=False,
-        configure_logging=False,
-        _system_config={
-            "num_workers_soft_limit": sizing.worker_soft_limit(
-                cfg.num_cpus or os.cpu_count() or 1, Reservations.of(cfg), cfg.pool_size
-            )
-        },
-    )
-    return True
 
 
 def cluster_cpus() -> float:
@@ -281,16 +244,17 @@ def run_graph(
     engine: EngineChoice,
     sink: ManifestSink,
     on_stop: Callable[[str, bool], None] | None = None,
+    connection: Connection | None = None,
 ) -> dict[str, Any]:
-    """Plan, mask and record; returns placement and timing facts for the summary. Raises
-    ``Stopped`` when a signal stopped the run and it drained in time."""
-    t0 = time.monotonic()
-    started_locally = connect(cfg, endpoint_env())
+    """Plan, mask and record, on Ray as joined or started by ``connection`` (else here);
+    returns placement and timing facts for the summary. Raises ``Stopped`` when a signal stopped
+    the run and it drained in time."""
+    connection = connection or start(cfg, preload=())
     handlers = StopHandlers(on_stop, settings.stop_key)
     if threading.current_thread() is threading.main_thread():
         handlers.install()
     try:
-        placement = _run_graph(cfg, spec, model, settings, engine, sink, started_locally, t0)
+        placement = _run_graph(cfg, spec, model, settings, engine, sink, connection)
     finally:
         handlers.restore()
         stopping.clear_flag(settings.stop_key)
@@ -306,10 +270,10 @@ def _run_graph(
     settings: StageSettings,
     engine: EngineChoice,
     sink: ManifestSink,
-    started_locally: bool,
-    t0: float,
+    connection: Connection,
 ) -> dict[str, Any]:
     t_connected = time.monotonic()
+    started_locally = connection.started_locally
     cpus = cluster_cpus()
     configure_data_context(cfg)
     resolved = plan_run(cfg, spec, settings.fingerprint, cpus)
@@ -354,6 +318,6 @@ def _run_graph(
         "actor_processes": len(actors),
         "actor_restarts": len(sink.stats["restarted_actors"]),
         # Cold start, split: joining/starting Ray, planning the inputs (listing, resolve), the rest.
-        "ray_connect_s": round(t_connected - t0, 3),
+        "ray_connect_s": round(connection.seconds, 3),
         "plan_s": round(t_planned - t_connected, 3),
     }

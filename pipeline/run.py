@@ -144,7 +144,12 @@ def execute_leased(
     engine: EngineChoice,
     held: lease.Lease,
 ) -> RunResult:
-    from maskray.pipeline import execution  # imports Ray; kept out of the fail-fast path above
+    # Ray is imported and started only now, out of the fail-fast path above; Ray Data and the
+    # graph are imported while it starts.
+    from maskray.pipeline import ray_connect
+
+    connection = ray_connect.start(cfg)
+    from maskray.pipeline import execution
     from maskray.pipeline.sink import ManifestSink
 
     attempt = uuid.uuid4().hex[:8]
@@ -158,7 +163,9 @@ def execute_leased(
 
     settings = StageSettings.of(cfg, fp, stopping.key_for(cfg.output, attempt))
     try:
-        placement = execution.run_graph(cfg, spec, model, settings, engine, sink, on_stop=on_stop)
+        placement = execution.run_graph(
+            cfg, spec, model, settings, engine, sink, on_stop=on_stop, connection=connection
+        )
     except stopping.Stopped as stop:
         record_interruption(cfg, run_id, attempt, str(stop), sink.stats, t0, drained=True)
         raise
