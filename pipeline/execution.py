@@ -1,4 +1,5 @@
-"""Connect to Ray, plan the inputs on the cluster, size the pool, and run the graph into the manifest sink."""
+"""Plan the inputs on the cluster, size the pool, and run the graph into the manifest sink (on Ray as
+``ray_connect`` joined or started it)."""
 
 from __future__ import annotations
 
