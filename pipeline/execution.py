@@ -33,7 +33,7 @@ from maskray.pipeline.graph import (
 from maskray.pipeline.manifest import read_summary
 from maskray.pipeline.model import LoadedModel
 from maskray.pipeline.plan import InputSpec
-from maskray.pipeline.ray_connect import Connection, start
+from maskray.pipeline.ray_connect import Connection
 from maskray.pipeline.sink import ManifestSink
 from maskray.pipeline.sizing import Reservations
 from maskray.pipeline.stages import StageSettings
@@ -244,13 +244,12 @@ def run_graph(
     settings: StageSettings,
     engine: EngineChoice,
     sink: ManifestSink,
+    connection: Connection,
     on_stop: Callable[[str, bool], None] | None = None,
-    connection: Connection | None = None,
 ) -> dict[str, Any]:
-    """Plan, mask and record, on Ray as joined or started by ``connection`` (else here);
-    returns placement and timing facts for the summary. Raises ``Stopped`` when a signal stopped
-    the run and it drained in time."""
-    connection = connection or start(cfg, preload=())
+    """Plan, mask and record, on the Ray that ``connection`` joined or started; returns placement
+    and timing facts for the summary. Raises ``Stopped`` when a signal stopped the run and it
+    drained in time."""
     handlers = StopHandlers(on_stop, settings.stop_key)
     if threading.current_thread() is threading.main_thread():
         handlers.install()
@@ -274,7 +273,6 @@ def _run_graph(
     connection: Connection,
 ) -> dict[str, Any]:
     t_connected = time.monotonic()
-    started_locally = connection.started_locally
     cpus = cluster_cpus()
     configure_data_context(cfg)
     resolved = plan_run(cfg, spec, settings.fingerprint, cpus)
@@ -282,7 +280,7 @@ def _run_graph(
     todo, decided = split_decisions(resolved)
     # Sized before the inputs to mask are counted (their blocks depend on it); the autoscaler is
     # asked for it only once there is something to mask (a re-run of a done catalog asks nothing).
-    size = pool_size(cfg, cpus, started_locally, n_planned) if n_planned else 1
+    size = pool_size(cfg, cpus, connection.started_locally, n_planned) if n_planned else 1
     res = Reservations.of(cfg)
     graph = GraphSpec(
         size,

@@ -68,11 +68,11 @@ def connect(cfg: RunConfig, env_vars: dict[str, str]) -> bool:
     return True
 
 
-def start(cfg: RunConfig, preload: tuple[str, ...] = RUN_MODULES) -> Connection:
-    """``connect``, with the ``preload`` modules imported in a thread meanwhile (``ray.init``
-    stays on the calling thread: Ray installs its signal handlers there)."""
+def start(cfg: RunConfig) -> Connection:
+    """``connect``, with ``RUN_MODULES`` imported in a thread meanwhile (``ray.init`` stays on the
+    calling thread: Ray installs its signal handlers there)."""
     t0 = time.monotonic()
-    loading = import_in_background(preload)
+    loading = import_in_background(RUN_MODULES)
     started = connect(cfg, endpoint_env())
     seconds = time.monotonic() - t0
     loading.join()

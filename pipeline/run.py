@@ -163,9 +163,7 @@ def execute_leased(
 
     settings = StageSettings.of(cfg, fp, stopping.key_for(cfg.output, attempt))
     try:
-        placement = execution.run_graph(
-            cfg, spec, model, settings, engine, sink, on_stop=on_stop, connection=connection
-        )
+        placement = execution.run_graph(cfg, spec, model, settings, engine, sink, connection, on_stop=on_stop)
     except stopping.Stopped as stop:
         record_interruption(cfg, run_id, attempt, str(stop), sink.stats, t0, drained=True)
         raise
