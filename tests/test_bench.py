@@ -55,3 +55,17 @@ def test_catalog_photos_bench_prints_every_step_and_the_gate(capsys):
     assert "mask PNG ms libpng / maskray" in out
     # The verdicts: one per cheap path, each naming its worst case against the gate.
     assert out.count("0.2 MP cubic: worst MAD") == 1 and out.count("0.2 MP fast_decode: worst MAD") == 1
+
+
+@pytest.mark.slow
+def test_startup_bench_pairs_both_import_orders(capsys):
+    """One pair of the cheap measure (``maskray run`` itself is covered everywhere else)."""
+    from bench import startup
+
+    assert startup.main(["--rounds", "1", "--first-mask-rounds", "0"]) == 0
+    out = capsys.readouterr().out
+    section = out.split("imports + connect, 1 pairs", 1)[1]
+    for order in (startup.DURING, startup.FIRST):
+        assert float(section.split(order, 1)[1].split("median", 1)[1].split()[0]) > 0
+    assert "of 1 pairs; median pair gain" in section
+    assert "first mask" not in out
