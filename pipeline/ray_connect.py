@@ -4,12 +4,16 @@
 agents; the two CPUs of a laptop-sized machine are ~60% busy meanwhile), and importing Ray Data
 and the graph costs ~1.3 s more on such a machine. Done in a thread during ``ray.init``, the
 imports take little wall time before the first mask.
+
+A local Ray this process started also gets one more task worker while the plan runs
+(``warm_task_worker``).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +35,8 @@ ENDPOINT_ENV_VARS = (
 
 # What the run imports after connecting: Ray Data, the graph, the manifest sink.
 RUN_MODULES = ("maskray.pipeline.execution", "maskray.pipeline.sink")
+# What the image graph's decode and write tasks import first: Ray Data's task wrapper, the stages.
+TASK_MODULES = ("ray.data", "maskray.pipeline.stages")
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,35 @@ def start(cfg: RunConfig) -> Connection:
     loading = import_in_background(RUN_MODULES)
     started = connect(cfg, endpoint_env())
     seconds = time.monotonic() - t0
+    if started:
+        warm_task_worker()
     loading.join()
     return Connection(started, seconds)
+
+
+@ray.remote(num_cpus=0)  # no reservation: it must never wait behind the plan's tasks
+def _import_in_worker(modules: tuple[str, ...]) -> tuple[int, list[str]]:
+    """This worker's pid and the ``modules`` it holds; one that fails to import is left to the
+    task that needs it, which reports the error."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - raised again, and recorded, by the task that imports it
+            break
+    return os.getpid(), [name for name in modules if name in sys.modules]
+
+
+def warm_task_worker() -> ray.ObjectRef:
+    """One more worker process for the image graph's tasks, started (and its imports done) while
+    the plan runs.
+
+    A local Ray prestarts one worker per CPU; Ray Data's helper actors take them, and the plan's
+    tasks run in one more. On 600 images and 2 CPUs (``ray.timeline()``), the image graph's decode
+    tasks then ran back to back in that worker, and the first write task waited 1.5-2 s for a new
+    worker process to start while the first masks were already inferred. ``bench/startup.py``
+    measures the gain, and the cost on a run too small to need it.
+    """
+    return _import_in_worker.remote(TASK_MODULES)
 
 
 def import_in_background(modules: tuple[str, ...]) -> threading.Thread:

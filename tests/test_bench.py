@@ -62,7 +62,7 @@ def test_startup_bench_pairs_both_import_orders(capsys):
     """One pair of the cheap measure (``maskray run`` itself is covered everywhere else)."""
     from bench import startup
 
-    assert startup.main(["--rounds", "1", "--first-mask-rounds", "0"]) == 0
+    assert startup.main(["--rounds", "1", "--first-mask-rounds", "0", "--warm-rounds", "0"]) == 0
     out = capsys.readouterr().out
     section = out.split("imports + connect, 1 pairs", 1)[1]
     for order in (startup.DURING, startup.FIRST):

@@ -1,8 +1,10 @@
-"""Ray Data and the graph import while Ray starts; nothing of that may hide an import error."""
+"""Ray Data and the graph import while Ray starts, and a task worker warms up while the plan runs;
+nothing of that may hide an import error."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import threading
 
@@ -34,3 +36,9 @@ def test_a_module_that_fails_is_left_to_the_callers_own_import(tmp_path, monkeyp
     assert "mr_probe_broken" not in sys.modules and "mr_probe_after" not in sys.modules
     with pytest.raises(RuntimeError, match="broken on purpose"):
         importlib.import_module("mr_probe_broken")
+
+
+def test_the_warm_worker_holds_what_the_graph_tasks_import(ray_local):
+    """A renamed module would leave the warm worker cold (a silent no-op): it must hold each one."""
+    pid, held = ray_local.get(ray_connect.warm_task_worker(), timeout=120)
+    assert pid != os.getpid() and held == list(ray_connect.TASK_MODULES)
