@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -82,7 +83,7 @@ def child(variant: str, measure: str, inputs: Path, out: Path) -> list[str]:
 
 def run_once(variant: str, measure: str, inputs: Path, work: Path) -> float:
     out = work / "out"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    shutil.rmtree(out, ignore_errors=True)
     if measure == "first-mask-file":
         return first_mask_file(variant, inputs, out)
     proc = subprocess.run(child(variant, measure, inputs, out), capture_output=True, text=True)

@@ -87,15 +87,20 @@ def start(cfg: RunConfig) -> Connection:
     return Connection(started, seconds)
 
 
-@ray.remote(num_cpus=0)  # no reservation: it must never wait behind the plan's tasks
-def _import_in_worker(modules: tuple[str, ...]) -> tuple[int, list[str]]:
-    """This worker's pid and the ``modules`` it holds; one that fails to import is left to the
-    task that needs it, which reports the error."""
+def import_in_order(modules: tuple[str, ...]) -> None:
+    """Import ``modules`` in order, up to the first that fails: that one, and the rest, are left
+    to the code that needs them, whose own import raises the error where it is handled."""
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - raised again, and recorded, by the task that imports it
-            break
+        except Exception:  # noqa: BLE001 - raised again by the importer that needs the module
+            return
+
+
+@ray.remote(num_cpus=0)  # no reservation: it must never wait behind the plan's tasks
+def _import_in_worker(modules: tuple[str, ...]) -> tuple[int, list[str]]:
+    """This worker's pid and the ``modules`` it holds (``import_in_order``)."""
+    import_in_order(modules)
     return os.getpid(), [name for name in modules if name in sys.modules]
 
 
@@ -113,16 +118,8 @@ def warm_task_worker() -> ray.ObjectRef:
 
 
 def import_in_background(modules: tuple[str, ...]) -> threading.Thread:
-    """Import ``modules`` in a daemon thread. A module that fails to import is left for the
-    caller's own import, which raises the error where it can be handled."""
-
-    def load() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - re-raised by the caller's import, on its thread
-                return
-
-    thread = threading.Thread(target=load, name="maskray-imports", daemon=True)
+    """``import_in_order`` in a daemon thread: a failing module is left to the caller's own
+    import, on its thread."""
+    thread = threading.Thread(target=import_in_order, args=(modules,), name="maskray-imports", daemon=True)
     thread.start()
     return thread
