@@ -36,6 +36,12 @@ def test_bench_writes_table_json_and_chart(tmp_path, capsys):
     assert not (tmp_path / "work").exists()
 
 
+def test_settings_comparisons_run_only_when_named():
+    defaults = bench.default_contenders()
+    assert "maskray" in defaults and "maskray-batch2" not in defaults
+    assert set(bench.OPTIONAL) <= set(bench.CONTENDERS)
+
+
 def test_cpu_kind_is_the_first_kind_a_process_showed():
     idle, actor = "ray::IDLE", "ray::MapWorker(MapBatches(InferenceActor))"
     assert bench.cpu_kind(idle) == "ray and driver"
