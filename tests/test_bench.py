@@ -42,6 +42,15 @@ def test_settings_comparisons_run_only_when_named():
     assert set(bench.OPTIONAL) <= set(bench.CONTENDERS)
 
 
+def test_bf16_contenders_need_bf16_hardware():
+    assert "ceiling-openvino-bf16" in bench.default_contenders(bf16_hardware=True)
+    assert "ceiling-openvino-bf16" not in bench.default_contenders(bf16_hardware=False)
+    assert bench.refused_contenders(["maskray", "ceiling-openvino-bf16"], bf16_hardware=False) == [
+        "ceiling-openvino-bf16"
+    ]
+    assert bench.refused_contenders(["ceiling-openvino-bf16"], bf16_hardware=True) == []
+
+
 def test_cpu_kind_is_the_first_kind_a_process_showed():
     idle, actor = "ray::IDLE", "ray::MapWorker(MapBatches(InferenceActor))"
     assert bench.cpu_kind(idle) == "ray and driver"
