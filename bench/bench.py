@@ -536,15 +536,15 @@ OPTIONAL = ("maskray-batch2",)
 NEEDS_BF16 = ("ceiling-openvino-bf16",)
 
 
-def default_contenders(bf16_hardware: bool | None = None) -> list[str]:
-    bf16 = has_bf16_hardware() if bf16_hardware is None else bf16_hardware
-    return [n for n in CONTENDERS if n not in OPTIONAL and (bf16 or n not in NEEDS_BF16)]
-
-
-def refused_contenders(names: list[str], bf16_hardware: bool | None = None) -> list[str]:
+def refused_contenders(names: list[str], bf16_hardware: bool) -> list[str]:
     """The named contenders this CPU cannot measure honestly."""
-    bf16 = has_bf16_hardware() if bf16_hardware is None else bf16_hardware
-    return [] if bf16 else [n for n in names if n in NEEDS_BF16]
+    return [] if bf16_hardware else [n for n in names if n in NEEDS_BF16]
+
+
+def default_contenders(bf16_hardware: bool) -> list[str]:
+    wanted = [n for n in CONTENDERS if n not in OPTIONAL]
+    refused = refused_contenders(wanted, bf16_hardware)
+    return [n for n in wanted if n not in refused]
 
 
 PROBE_IMAGES_PER_CPU = 8  # ~3 s of model time per CPU: short beside a contender, long beside timer noise
@@ -578,6 +578,7 @@ def run_rounds(names: list[str], files: list[Path], work: Path, cpus: int, round
 
 
 def main(argv: list[str] | None = None) -> int:
+    bf16_hardware = has_bf16_hardware()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
@@ -587,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="upscale the samples to JPEGs of this size (catalog photos: 2, 12); 0 = as they are",
     )
-    ap.add_argument("--only", nargs="*", choices=list(CONTENDERS), default=default_contenders())
+    ap.add_argument("--only", nargs="*", choices=list(CONTENDERS), default=default_contenders(bf16_hardware))
     ap.add_argument("--cpus", type=int, default=os.cpu_count())
     ap.add_argument(
         "--price-per-hour",
@@ -597,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    refused = refused_contenders(args.only)
+    refused = refused_contenders(args.only, bf16_hardware)
     if refused:
         ap.error(f"{', '.join(refused)}: this CPU has neither {' nor '.join(BF16_FLAGS)} (OpenVINO would run fp32)")
     price = args.price_per_hour if args.price_per_hour is not None else PUBLISHED_PRICE_384 / 384 * args.cpus

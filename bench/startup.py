@@ -42,18 +42,18 @@ COLD = "no warm task worker"
 SAMPLES = ROOT / "samples"
 
 # One run in a fresh process: argv = variant, measure ("connect" | "first-mask"), input, output.
-CHILD = """
+CHILD = f"""
 import importlib, sys, time
 from maskray.pipeline import ray_connect
 variant = sys.argv[1]
-if variant == "imports, then ray.init":
+if variant == {FIRST!r}:
     during = ray_connect.start
     def imports_first(cfg):
         for name in ray_connect.RUN_MODULES:
             importlib.import_module(name)
         return during(cfg)
     ray_connect.start = imports_first
-elif variant == "no warm task worker":
+elif variant == {COLD!r}:
     ray_connect.warm_task_worker = lambda: None
 if sys.argv[2] == "connect":
     from maskray.pipeline.config import RunConfig

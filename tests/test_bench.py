@@ -37,7 +37,7 @@ def test_bench_writes_table_json_and_chart(tmp_path, capsys):
 
 
 def test_settings_comparisons_run_only_when_named():
-    defaults = bench.default_contenders()
+    defaults = bench.default_contenders(bf16_hardware=True)
     assert "maskray" in defaults and "maskray-batch2" not in defaults
     assert set(bench.OPTIONAL) <= set(bench.CONTENDERS)
 
