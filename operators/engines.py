@@ -128,7 +128,25 @@ def compile_openvino(model: bytes, spec: EngineSpec, batch: int | None = 1) -> A
     if spec.cache_dir:
         Path(spec.cache_dir).mkdir(parents=True, exist_ok=True)
         config["CACHE_DIR"] = spec.cache_dir
-    return core.compile_model(net, "CPU", config)
+    compiled = core.compile_model(net, "CPU", config)
+    check_compiled_precision(spec, compiled.get_property("INFERENCE_PRECISION_HINT"))
+    return compiled
+
+
+def check_compiled_precision(spec: EngineSpec, compiled: Any) -> None:
+    """Raise if OpenVINO compiled another precision than asked for.
+
+    On a CPU without bf16 hardware OpenVINO takes the bf16 hint silently and compiles f32, so an
+    engine labelled bf16 would run (and pass the agreement gate) as fp32.
+    """
+    import openvino as ov
+
+    wanted = ov.Type.bf16 if spec.precision == "bf16" else ov.Type.f32
+    if compiled != wanted:
+        raise EngineError(
+            f"engine openvino compiled {compiled.get_type_name()} when {spec.precision} was asked for "
+            "(it falls back to f32 on CPUs without bf16 hardware)"
+        )
 
 
 class OpenVinoEngine:

@@ -130,14 +130,33 @@ def test_bf16_cli_exits_2_before_reading_anything(tmp_path, monkeypatch, capsys)
 @pytest.mark.skipif(not engine_choice.installed("openvino"), reason="needs the openvino extra")
 def test_bf16_on_bf16_hardware_meets_the_agreement_gate_or_is_refused(model_bytes, monkeypatch):
     """With the hardware (faked where absent), bf16 runs the gate: IoU >= 0.98 on every check photo.
-    OpenVINO 2026.4's bf16 misses it on this model (min IoU ~0.94), so the option is refused here."""
+    OpenVINO 2026.4's bf16 misses it on this model (min IoU ~0.94), so the option is refused. Where
+    the flag is faked, OpenVINO compiles f32 and the engine itself refuses, never passing as bf16."""
+    real_hardware = bool(set(engine_choice.cpu_flags()) & set(engine_choice.BF16_FLAGS))
     monkeypatch.setattr(engine_choice, "cpu_flags", lambda: ("avx512_bf16",))
     try:
         choice = engine_choice.choose_engine(cfg(precision="bf16"), model_bytes)
     except ConfigError as exc:
-        assert "disagrees" in str(exc) or "failed to run" in str(exc)
+        expected = ("disagrees", "failed to run") if real_hardware else ("compiled f32 when bf16 was asked for",)
+        assert any(reason in str(exc) for reason in expected), str(exc)
     else:
+        assert real_hardware, "a bf16 engine passed on a CPU without bf16 hardware"
         assert choice.spec.precision == "bf16" and choice.checks[choice.spec.name].startswith("agrees")
+
+
+@pytest.mark.skipif(not engine_choice.installed("openvino"), reason="needs the openvino extra")
+def test_openvino_refuses_a_precision_it_did_not_compile():
+    import openvino as ov
+
+    from maskray.operators.engines import check_compiled_precision
+
+    bf16, fp32 = EngineSpec(name="openvino", precision="bf16"), EngineSpec(name="openvino")
+    check_compiled_precision(bf16, ov.Type.bf16)
+    check_compiled_precision(fp32, ov.Type.f32)
+    with pytest.raises(EngineError, match="compiled f32 when bf16 was asked for"):
+        check_compiled_precision(bf16, ov.Type.f32)
+    with pytest.raises(EngineError, match="compiled bf16 when fp32 was asked for"):
+        check_compiled_precision(fp32, ov.Type.bf16)
 
 
 def test_cuda_on_a_machine_without_one_exits_2_before_reading_anything(tmp_path, capsys):
