@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from maskray.operators import preprocess  # noqa: E402
 from maskray.operators.decode import decode_rgb  # noqa: E402
 from maskray.pipeline.report import PUBLISHED_PRICE_384  # noqa: E402
-from maskray.pipeline.sysinfo import BF16_FLAGS, has_bf16_hardware, machine_info  # noqa: E402
+from maskray.pipeline.sysinfo import NO_BF16, has_bf16_hardware, machine_info  # noqa: E402
 from maskray.pipeline.weights import default_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     refused = refused_contenders(args.only, bf16_hardware)
     if refused:
-        ap.error(f"{', '.join(refused)}: this CPU has neither {' nor '.join(BF16_FLAGS)} (OpenVINO would run fp32)")
+        ap.error(f"{', '.join(refused)}: {NO_BF16} (OpenVINO would run fp32)")
     price = args.price_per_hour if args.price_per_hour is not None else PUBLISHED_PRICE_384 / 384 * args.cpus
     work = args.results / "work"
     files = make_inputs(args.images, work / "in", args.megapixels)

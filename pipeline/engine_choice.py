@@ -30,7 +30,7 @@ from maskray.operators.engines import (
 )
 from maskray.operators.errors import one_line
 from maskray.pipeline.config import ConfigError, RunConfig
-from maskray.pipeline.sysinfo import BF16_FLAGS, cpu_flags, cpu_model
+from maskray.pipeline.sysinfo import NO_BF16, cpu_flags, cpu_model, has_bf16_hardware
 
 log = logging.getLogger("maskray")
 
@@ -71,12 +71,8 @@ def check_precision(cfg: RunConfig, flags: tuple[str, ...] | None = None) -> Non
         return
     if cfg.device != "cpu":
         raise ConfigError("precision bf16: only on the CPU (GPU inference runs strict fp32)")
-    have = set(cpu_flags() if flags is None else flags)
-    if not have & set(BF16_FLAGS):
-        raise ConfigError(
-            f"precision bf16: this CPU has neither {' nor '.join(BF16_FLAGS)} "
-            "(emulated bf16 runs ~20x slower than fp32); use --precision fp32"
-        )
+    if not has_bf16_hardware(cpu_flags() if flags is None else flags):
+        raise ConfigError(f"precision bf16: {NO_BF16} (emulated bf16 runs ~20x slower than fp32); use --precision fp32")
     if cfg.engine == "ort":
         raise ConfigError("precision bf16: engine ort runs fp32 only; use --engine openvino or auto")
 

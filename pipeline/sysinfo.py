@@ -7,6 +7,7 @@ import platform
 from functools import lru_cache
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+NO_BF16 = f"this CPU has neither {' nor '.join(BF16_FLAGS)}"  # how a refusal names the missing flags
 # The flags that decide ONNX Runtime's CPU kernels; the summary records all flags too.
 KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", *BF16_FLAGS, "amx_tile", "amx_int8")
 
@@ -23,8 +24,10 @@ def cpu_flags() -> tuple[str, ...]:
     return ()
 
 
-def has_bf16_hardware() -> bool:
-    return any(f in cpu_flags() for f in BF16_FLAGS)
+def has_bf16_hardware(flags: tuple[str, ...] | None = None) -> bool:
+    """Whether ``flags`` (default: this CPU's) include bf16 hardware."""
+    have = cpu_flags() if flags is None else flags
+    return any(f in have for f in BF16_FLAGS)
 
 
 def cpu_model() -> str:

@@ -16,6 +16,7 @@ from maskray.pipeline.cli import main
 from maskray.pipeline.config import ConfigError, resolve_config
 from maskray.pipeline.graph import GraphSpec, actor_resources
 from maskray.pipeline.sizing import Reservations
+from maskray.pipeline.sysinfo import has_bf16_hardware
 from tests import images
 
 INSTALLED_CPU = [e for e in ENGINES if e != "torch" and installed(e)]
@@ -132,7 +133,7 @@ def test_bf16_on_bf16_hardware_meets_the_agreement_gate_or_is_refused(model_byte
     """With the hardware (faked where absent), bf16 runs the gate: IoU >= 0.98 on every check photo.
     OpenVINO 2026.4's bf16 misses it on this model (min IoU ~0.94), so the option is refused. Where
     the flag is faked, OpenVINO compiles f32 and the engine itself refuses, never passing as bf16."""
-    real_hardware = bool(set(engine_choice.cpu_flags()) & set(engine_choice.BF16_FLAGS))
+    real_hardware = has_bf16_hardware()  # this CPU's own flags, read before they are faked
     monkeypatch.setattr(engine_choice, "cpu_flags", lambda: ("avx512_bf16",))
     try:
         choice = engine_choice.choose_engine(cfg(precision="bf16"), model_bytes)
