@@ -43,6 +43,9 @@ class GraphSpec:
     engine_label: str = ""
     reference: Any = None  # reference masks an actor on a GPU checks its engine against
     cluster_cpus: float = 0.0
+    # Prepared batches reach the pool one block each (no re-bundling); False when rows carry
+    # their originals (cutouts), whose blocks Ray Data slices (``batches_are_blocks``).
+    whole_batches: bool = True
 
     @property
     def task_slots(self) -> int:
@@ -108,7 +111,42 @@ def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> Materialize
     """
     batch = batch_size_for(n, spec.batch_size, spec.pool_size)
     rows = rows_per_input_block(n, fetch_rows_for(n, batch, spec.pool_size), max_input_blocks(spec))
-    return todo.repartition(target_num_rows_per_block=rows).materialize()
+    blocks = todo.repartition(target_num_rows_per_block=rows).materialize()
+    return lead_rows_alone(blocks, min(spec.pool_size, LEAD_ROWS)) if spec.whole_batches else blocks
+
+
+# Inputs that go first, one per block, so that the first actors' first batches are one image
+# each: an actor infers its whole batch before any of it is written, so the first mask waited for
+# four inferences (~2.4 s on an AVX2 core). Only the first few actors need one; each lead row
+# costs a block and a metadata task, so their number does not follow the pool.
+LEAD_ROWS = 8
+
+
+def batches_are_blocks(settings: StageSettings) -> bool:
+    """Whether each prepared batch leaves its task as one block, so that the pool and the writes
+    can take blocks as they come (``batch_size=None``) and a one-row lead block stays a one-image
+    batch. Rows with cutouts carry their original bytes, and Ray Data slices such blocks (above
+    1.5x ``prepared_batch_bytes``): those stages re-bundle ``batch`` rows instead."""
+    return not settings.writes_cutout
+
+
+@ray.remote(num_cpus=0)
+def _split_lead(table: pa.Table, k: int) -> list[pa.Table]:
+    return [table.slice(i, 1) for i in range(k)] + [table.slice(k)]
+
+
+def lead_rows_alone(blocks: MaterializedDataset, k: int) -> MaterializedDataset:
+    """``blocks`` with the first ``k`` rows of its first block as blocks of one row, first.
+
+    Ray Data bundles a map's input up to its ``batch_size``, so a smaller first batch takes
+    blocks that are batches (``batches_are_blocks``). The block list is the cluster's size
+    (``max_input_blocks``), not the catalog's; ``from_arrow_refs`` keeps its order.
+    """
+    refs = blocks.to_arrow_refs()
+    if not refs or k < 1:
+        return blocks
+    parts: list[ray.ObjectRef] = _split_lead.options(num_returns=k + 1).remote(refs[0], k)  # type: ignore[assignment]
+    return ray.data.from_arrow_refs(parts + refs[1:])
 
 
 def image_graph(
@@ -121,10 +159,11 @@ def image_graph(
     # No more task slots than blocks: a tiny run needs no idle slots (and Ray Data warns of them).
     tasks = TaskPoolStrategy(size=min(spec.task_slots, todo.num_blocks()))
     stage = StageSettings(**{**settings.__dict__, "batch_size": batch})
+    whole = spec.whole_batches
     ds = ds.map_batches(  # fetch (concurrently) + decode + resize to 320x320 uint8, `batch` rows per output
         prepare_batch,
-        fn_kwargs={"settings": stage},
-        batch_size=fetch_rows,
+        fn_kwargs={"settings": stage, "fetch_rows": fetch_rows if whole else 0},
+        batch_size=None if whole else fetch_rows,
         batch_format="numpy",
         num_cpus=spec.res.decode_cpus,
         compute=tasks,
@@ -139,14 +178,14 @@ def image_graph(
             "stop_key": settings.stop_key,
         },
         compute=ActorPoolStrategy(size=spec.pool_size),
-        batch_size=batch,
+        batch_size=None if whole else batch,
         batch_format="numpy",
         **actor_resources(spec),
     )
     return ds.map_batches(  # full-size mask, optional cutout, PNG encode, concurrent atomic writes -> rows
         finish_batch,
         fn_kwargs={"settings": stage},
-        batch_size=batch,
+        batch_size=None if whole else batch,
         batch_format="numpy",
         num_cpus=spec.res.write_cpus,
         compute=tasks,

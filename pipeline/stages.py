@@ -184,8 +184,19 @@ def prepare_image(source: str, key: str, s: StageSettings, size: int = -1) -> di
     return decode_row(start_row(source, key, size, s), s)
 
 
-def prepare_batch(batch: dict[str, np.ndarray], settings: StageSettings) -> Iterator[dict[str, np.ndarray]]:
-    """Fetch the whole input batch concurrently, then decode and yield ``batch_size`` rows at a time,
+def prepare_batch(
+    batch: dict[str, np.ndarray], settings: StageSettings, fetch_rows: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+    """``prepare_rows`` for each ``fetch_rows`` rows of the input (0: all of it at once): a whole
+    input block comes in one call when the graph takes blocks as batches."""
+    n = len(batch["source"])
+    step = fetch_rows or max(n, 1)
+    for i in range(0, n, step):
+        yield from prepare_rows({k: v[i : i + step] for k, v in batch.items()}, settings)
+
+
+def prepare_rows(batch: dict[str, np.ndarray], settings: StageSettings) -> Iterator[dict[str, np.ndarray]]:
+    """Fetch the rows concurrently, then decode and yield ``batch_size`` rows at a time,
     so inference can start on the first prepared batch while the rest decode. Once the run is
     stopping, nothing more: those inputs get no row in this run and the next run masks them."""
     if stopping(settings.stop_key):

@@ -181,8 +181,35 @@ def test_input_blocks_are_whole_batches(ray_local):
     from maskray.pipeline.sizing import Reservations
 
     todo = ray.data.from_arrow(pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]}))
-    blocks = input_blocks(todo, 10, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
+    spec = GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0, whole_batches=False)
+    blocks = input_blocks(todo, 10, spec)
     assert blocks.num_blocks() == 3 and blocks.count() == 10
+
+
+def test_the_first_inputs_go_one_per_block_so_each_first_actor_infers_one_image_first(ray_local):
+    """Where prepared batches are blocks, the first row for each of the first actors is a block
+    of its own, ahead of the rest (the first masks wait for one inference, not a batch of four);
+    no input is lost or repeated. With cutouts the stages re-bundle, so there is nothing to split."""
+    import pyarrow as pa
+    import ray
+
+    from maskray.pipeline.graph import GraphSpec, batches_are_blocks, input_blocks
+    from maskray.pipeline.sizing import Reservations
+    from maskray.pipeline.stages import StageSettings
+
+    sources = [f"s{i}" for i in range(10)]
+    todo = ray.data.from_arrow(pa.table({"source": sources, "key": sources}))
+    blocks = input_blocks(todo, 10, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
+    sizes = [ray.get(ref).num_rows for ref in blocks.to_arrow_refs()]
+    assert sizes[:2] == [1, 1] and sum(sizes) == 10
+    assert sorted(r["source"] for r in blocks.take_all()) == sorted(sources)
+    from maskray.pipeline.config import resolve_config
+
+    def settings(fmt: str) -> StageSettings:
+        return StageSettings.of(resolve_config({"input": "in", "output": "out", "format": fmt}), "fp")
+
+    assert batches_are_blocks(settings("mask"))
+    assert not batches_are_blocks(settings("cutout")) and not batches_are_blocks(settings("both"))
 
 
 def test_a_block_of_many_batches_still_feeds_every_actor(tmp_path, monkeypatch, data_context):
