@@ -111,14 +111,12 @@ def input_blocks(todo: ray.data.Dataset, n: int, spec: GraphSpec) -> Materialize
     """
     batch = batch_size_for(n, spec.batch_size, spec.pool_size)
     rows = rows_per_input_block(n, fetch_rows_for(n, batch, spec.pool_size), max_input_blocks(spec))
-    blocks = todo.repartition(target_num_rows_per_block=rows).materialize()
-    return lead_rows_alone(blocks, min(spec.pool_size, LEAD_ROWS)) if spec.whole_batches else blocks
+    return todo.repartition(target_num_rows_per_block=rows).materialize()
 
 
 # Inputs that go first, one per block, so that the first actors' first batches are one image
 # each: an actor infers its whole batch before any of it is written, so the first mask waited for
-# four inferences (~2.4 s on an AVX2 core). Only the first few actors need one; each lead row
-# costs a block and a metadata task, so their number does not follow the pool.
+# four inferences (~2.4 s on an AVX2 core). Only the first few actors need one.
 LEAD_ROWS = 8
 
 
@@ -130,23 +128,21 @@ def batches_are_blocks(settings: StageSettings) -> bool:
     return not settings.writes_cutout
 
 
-@ray.remote(num_cpus=0)
-def _split_lead(table: pa.Table, k: int) -> list[pa.Table]:
-    return [table.slice(i, 1) for i in range(k)] + [table.slice(k)]
+def lead_rows_first(blocks: MaterializedDataset, k: int) -> ray.data.Dataset:
+    """``blocks`` with its first ``k`` rows as blocks of one row each, ahead of the rest.
 
-
-def lead_rows_alone(blocks: MaterializedDataset, k: int) -> MaterializedDataset:
-    """``blocks`` with the first ``k`` rows of its first block as blocks of one row, first.
-
-    Ray Data bundles a map's input up to its ``batch_size``, so a smaller first batch takes
-    blocks that are batches (``batches_are_blocks``). The block list is the cluster's size
-    (``max_input_blocks``), not the catalog's; ``from_arrow_refs`` keeps its order.
+    Ray Data bundles a map's input up to its ``batch_size``, so a smaller first batch needs
+    stages that take blocks as batches (``batches_are_blocks``). ``split_at_indices`` splits only
+    the block the rows are in and keeps every other block's metadata (``from_arrow_refs`` would
+    ask a task per block: thousands on a large cluster). Without ``preserve_order`` a union emits
+    blocks as its inputs give them, so the lead blocks, given first, go first
+    (``tests/test_pipeline_local.py`` checks the order).
     """
-    refs = blocks.to_arrow_refs()
-    if not refs or k < 1:
+    k = min(k, blocks.count() - 1)
+    if k < 1:
         return blocks
-    parts: list[ray.ObjectRef] = _split_lead.options(num_returns=k + 1).remote(refs[0], k)  # type: ignore[assignment]
-    return ray.data.from_arrow_refs(parts + refs[1:])
+    *lead, rest = blocks.split_at_indices(list(range(1, k + 1)))
+    return lead[0].union(*lead[1:], rest)
 
 
 def image_graph(
@@ -160,6 +156,8 @@ def image_graph(
     tasks = TaskPoolStrategy(size=min(spec.task_slots, todo.num_blocks()))
     stage = StageSettings(**{**settings.__dict__, "batch_size": batch})
     whole = spec.whole_batches
+    if whole:
+        ds = lead_rows_first(todo, min(spec.pool_size, LEAD_ROWS))
     ds = ds.map_batches(  # fetch (concurrently) + decode + resize to 320x320 uint8, `batch` rows per output
         prepare_batch,
         fn_kwargs={"settings": stage, "fetch_rows": fetch_rows if whole else 0},

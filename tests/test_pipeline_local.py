@@ -181,29 +181,31 @@ def test_input_blocks_are_whole_batches(ray_local):
     from maskray.pipeline.sizing import Reservations
 
     todo = ray.data.from_arrow(pa.table({"source": [f"s{i}" for i in range(10)], "key": [f"k{i}" for i in range(10)]}))
-    spec = GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0, whole_batches=False)
-    blocks = input_blocks(todo, 10, spec)
+    blocks = input_blocks(todo, 10, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
     assert blocks.num_blocks() == 3 and blocks.count() == 10
 
 
 def test_the_first_inputs_go_one_per_block_so_each_first_actor_infers_one_image_first(ray_local):
-    """Where prepared batches are blocks, the first row for each of the first actors is a block
-    of its own, ahead of the rest (the first masks wait for one inference, not a batch of four);
-    no input is lost or repeated. With cutouts the stages re-bundle, so there is nothing to split."""
+    """Where prepared batches are blocks, the first rows (one for each of the first actors) are
+    blocks of their own, given ahead of the rest, so the first masks wait for one inference, not a
+    batch of four; no input is lost or repeated. With cutouts the stages re-bundle instead."""
     import pyarrow as pa
     import ray
 
-    from maskray.pipeline.graph import GraphSpec, batches_are_blocks, input_blocks
+    from maskray.pipeline.config import resolve_config
+    from maskray.pipeline.graph import GraphSpec, batches_are_blocks, input_blocks, lead_rows_first
     from maskray.pipeline.sizing import Reservations
     from maskray.pipeline.stages import StageSettings
 
-    sources = [f"s{i}" for i in range(10)]
+    sources = [f"s{i:02d}" for i in range(40)]
     todo = ray.data.from_arrow(pa.table({"source": sources, "key": sources}))
-    blocks = input_blocks(todo, 10, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
-    sizes = [ray.get(ref).num_rows for ref in blocks.to_arrow_refs()]
-    assert sizes[:2] == [1, 1] and sum(sizes) == 10
-    assert sorted(r["source"] for r in blocks.take_all()) == sorted(sources)
-    from maskray.pipeline.config import resolve_config
+    blocks = input_blocks(todo, 40, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
+    ds = lead_rows_first(blocks, 3)
+    given = [ray.get(b.block_refs[0]).num_rows for b in ds.iter_internal_ref_bundles()]
+    assert given[:3] == [1, 1, 1] and sum(given) == 40 and len(given) == blocks.num_blocks() + 3
+    assert sorted(r["source"] for r in ds.take_all()) == sources
+    tiny = input_blocks(todo.limit(1), 1, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
+    assert lead_rows_first(tiny, 3).count() == 1  # nothing to split off a single input
 
     def settings(fmt: str) -> StageSettings:
         return StageSettings.of(resolve_config({"input": "in", "output": "out", "format": fmt}), "fp")
