@@ -24,7 +24,6 @@ from maskray.pipeline.engine_choice import EngineChoice
 from maskray.pipeline.graph import (
     LIGHT_CPUS,
     GraphSpec,
-    batches_are_blocks,
     decided_graph,
     image_graph,
     input_blocks,
@@ -291,7 +290,6 @@ def _run_graph(
         engine.label,
         reference=engine.reference if res.gpus_per_actor else None,
         cluster_cpus=cpus,
-        whole_batches=batches_are_blocks(settings),
     )
     todo = input_blocks(todo, n_planned, graph)
     n_todo = todo.count()

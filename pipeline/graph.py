@@ -43,9 +43,6 @@ class GraphSpec:
     engine_label: str = ""
     reference: Any = None  # reference masks an actor on a GPU checks its engine against
     cluster_cpus: float = 0.0
-    # Prepared batches reach the pool one block each (no re-bundling); False when rows carry
-    # their originals (cutouts), whose blocks Ray Data slices (``batches_are_blocks``).
-    whole_batches: bool = True
 
     @property
     def task_slots(self) -> int:
@@ -128,8 +125,8 @@ def batches_are_blocks(settings: StageSettings) -> bool:
     return not settings.writes_cutout
 
 
-def lead_rows_first(blocks: MaterializedDataset, k: int) -> ray.data.Dataset:
-    """``blocks`` with its first ``k`` rows as blocks of one row each, ahead of the rest.
+def lead_rows_first(blocks: MaterializedDataset, n: int, k: int) -> ray.data.Dataset:
+    """``blocks`` (``n`` rows) with its first ``k`` rows as blocks of one row each, ahead of the rest.
 
     Ray Data bundles a map's input up to its ``batch_size``, so a smaller first batch needs
     stages that take blocks as batches (``batches_are_blocks``). ``split_at_indices`` splits only
@@ -138,7 +135,7 @@ def lead_rows_first(blocks: MaterializedDataset, k: int) -> ray.data.Dataset:
     blocks as its inputs give them, so the lead blocks, given first, go first
     (``tests/test_pipeline_local.py`` checks the order).
     """
-    k = min(k, blocks.count() - 1)
+    k = min(k, n - 1)
     if k < 1:
         return blocks
     *lead, rest = blocks.split_at_indices(list(range(1, k + 1)))
@@ -155,9 +152,9 @@ def image_graph(
     # No more task slots than blocks: a tiny run needs no idle slots (and Ray Data warns of them).
     tasks = TaskPoolStrategy(size=min(spec.task_slots, todo.num_blocks()))
     stage = StageSettings(**{**settings.__dict__, "batch_size": batch})
-    whole = spec.whole_batches
+    whole = batches_are_blocks(settings)
     if whole:
-        ds = lead_rows_first(todo, min(spec.pool_size, LEAD_ROWS))
+        ds = lead_rows_first(todo, n, min(spec.pool_size, LEAD_ROWS))
     ds = ds.map_batches(  # fetch (concurrently) + decode + resize to 320x320 uint8, `batch` rows per output
         prepare_batch,
         fn_kwargs={"settings": stage, "fetch_rows": fetch_rows if whole else 0},

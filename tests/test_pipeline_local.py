@@ -200,12 +200,12 @@ def test_the_first_inputs_go_one_per_block_so_each_first_actor_infers_one_image_
     sources = [f"s{i:02d}" for i in range(40)]
     todo = ray.data.from_arrow(pa.table({"source": sources, "key": sources}))
     blocks = input_blocks(todo, 40, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
-    ds = lead_rows_first(blocks, 3)
-    given = [ray.get(b.block_refs[0]).num_rows for b in ds.iter_internal_ref_bundles()]
+    ds = lead_rows_first(blocks, 40, 3)
+    given = [b.num_rows() for b in ds.iter_internal_ref_bundles()]
     assert given[:3] == [1, 1, 1] and sum(given) == 40 and len(given) == blocks.num_blocks() + 3
     assert sorted(r["source"] for r in ds.take_all()) == sources
     tiny = input_blocks(todo.limit(1), 1, GraphSpec(2, Reservations(0.75, 0.25, 0.25), 4, {}, cluster_cpus=2.0))
-    assert lead_rows_first(tiny, 3).count() == 1  # nothing to split off a single input
+    assert lead_rows_first(tiny, 1, 3).count() == 1  # nothing to split off a single input
 
     def settings(fmt: str) -> StageSettings:
         return StageSettings.of(resolve_config({"input": "in", "output": "out", "format": fmt}), "fp")
