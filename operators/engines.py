@@ -17,10 +17,11 @@ which ``operators.session.to_small_mask`` turns into masks.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from importlib import util
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -108,9 +109,26 @@ class OrtEngine:
         return np.stack([self.session.run(None, {self.input_name: x[np.newaxis]})[0][0, 0] for x in batch])
 
 
+def import_openvino() -> Any:
+    """OpenVINO, imported without its usage telemetry.
+
+    ``import openvino`` reports each import to Google Analytics from a forked child process
+    (``openvino-telemetry``, a dependency of the wheel) and writes a client id under ``~/intel``,
+    unless a consent file there says no; off a terminal it asks nothing. An inference actor must
+    not phone home from a user's cluster, nor fork itself while it starts. OpenVINO uses its own
+    no-op stub when that package cannot be imported, which a ``None`` entry in ``sys.modules``
+    makes happen: in this process only, and only if nothing has imported the package already.
+    """
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", cast(Any, None))  # Python's "cannot be imported" entry
+    import openvino as ov
+
+    return ov
+
+
 def compile_openvino(model: bytes, spec: EngineSpec, batch: int | None = 1) -> Any:
     """OpenVINO's compiled model for ``spec`` with input batch ``batch`` (None: dynamic)."""
-    import openvino as ov
+    ov = import_openvino()
 
     if spec.device != "cpu":
         raise EngineError(f"engine openvino runs on the CPU here (asked for {spec.device})")
@@ -139,8 +157,7 @@ def check_compiled_precision(spec: EngineSpec, compiled: Any) -> None:
     On a CPU without bf16 hardware OpenVINO takes the bf16 hint silently and compiles f32, so an
     engine labelled bf16 would run (and pass the agreement gate) as fp32.
     """
-    import openvino as ov
-
+    ov = import_openvino()
     wanted = ov.Type.bf16 if spec.precision == "bf16" else ov.Type.f32
     if compiled != wanted:
         raise EngineError(
@@ -151,8 +168,7 @@ def check_compiled_precision(spec: EngineSpec, compiled: Any) -> None:
 
 class OpenVinoEngine:
     def __init__(self, model: bytes, spec: EngineSpec) -> None:
-        import openvino as ov
-
+        ov = import_openvino()
         self.compiled = compile_openvino(model, spec)
         self.request = self.compiled.create_infer_request()
         self.output = self.compiled.outputs[0]
