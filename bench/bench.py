@@ -8,9 +8,10 @@ contender and each run is divided by the probes on either side of it; "x ceiling
 compare those normalised rates within a round: ratios measured side by side, not across minutes.
 
 1. ceiling  - N single-threaded ONNX Runtime sessions in N processes on preprocessed tensors
-   (ceiling-openvino, ceiling-openvino-bf16: the same with OpenVINO's engine, fp32 / bf16)
+   (ceiling-openvino, ceiling-openvino-bf16: the same with OpenVINO's engine, fp32 / maskray's bf16)
 2. maskray  - the CLI with its default config, files to masks (engine auto, cubic mask upscale);
-   maskray-ort-exact: ``--engine ort --mask-resize lanczos``, rembg's exact masks
+   maskray-ort-exact: ``--engine ort --mask-resize lanczos``, rembg's exact masks;
+   maskray-bf16: ``--engine openvino --precision bf16`` (bf16 hardware only)
 3. rembg    - ``rembg p -m u2netp`` in its own venv, model pointed at ours via U2NET_HOME
 4. naive    - the same operators with Ray Data's defaults (autoscaling pool from 1, ORT default threads)
 5. maskray-ray-up - maskray's command joining a Ray head started before the timer, as a job on a
@@ -516,6 +517,9 @@ CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
         files, cpus, {"name": "openvino", "precision": "bf16"}
     ),
     "maskray": lambda files, work, cpus: run_maskray(files, work),
+    "maskray-bf16": lambda files, work, cpus: run_maskray(
+        files, work, "maskray-bf16", ("--engine", "openvino", "--precision", "bf16")
+    ),
     "maskray-ort-exact": lambda files, work, cpus: run_maskray(
         files, work, "maskray-ort-exact", ("--engine", "ort", "--mask-resize", "lanczos")
     ),
@@ -533,7 +537,7 @@ OPTIONAL = ("maskray-batch2",)
 
 # Contenders that measure bf16: on a CPU without bf16 hardware OpenVINO ignores the hint and runs
 # fp32 (it reports float32 as the compiled precision), which would be timed under a bf16 label.
-NEEDS_BF16 = ("ceiling-openvino-bf16",)
+NEEDS_BF16 = ("ceiling-openvino-bf16", "maskray-bf16")
 
 
 def refused_contenders(names: list[str], bf16_hardware: bool) -> list[str]:

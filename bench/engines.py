@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,30 +30,48 @@ from maskray.operators.decode import decode_rgb  # noqa: E402
 from maskray.pipeline.weights import default_model  # noqa: E402
 
 REFERENCE = "ort, batch 1 (the ceiling)"
-# name -> (engine, compiled batch: None = dynamic, images per call)
-VARIANTS: dict[str, tuple[str, int | None, int]] = {
-    REFERENCE: ("ort", 1, 1),
-    "openvino, dynamic batch, 1 per call": ("openvino", None, 1),
-    "openvino, dynamic batch, 4 per call": ("openvino", None, 4),
-    "openvino, static batch 1 (maskray)": ("openvino", 1, 1),
-    "openvino, static batch 4": ("openvino", 4, 4),
+# name -> (engine, compiled batch: None = dynamic, images per call, precision)
+Variant = tuple[str, int | None, int, str]
+VARIANTS: dict[str, Variant] = {
+    REFERENCE: ("ort", 1, 1, "fp32"),
+    "openvino, dynamic batch, 1 per call": ("openvino", None, 1, "fp32"),
+    "openvino, dynamic batch, 4 per call": ("openvino", None, 4, "fp32"),
+    "openvino, static batch 1 (maskray)": ("openvino", 1, 1, "fp32"),
+    "openvino, static batch 4": ("openvino", 4, 4, "fp32"),
 }
 
 
-def runner(model: bytes, engine: str, batch: int | None):
-    """A function from an N x 3 x 320 x 320 batch to N maps, for one variant."""
-    spec = engines.EngineSpec(name=engine)
+def compile_whole_model_bf16(model: bytes) -> Any:
+    """OpenVINO's own bf16: every op, by its precision hint (what maskray's bf16 does not do)."""
+    ov = engines.import_openvino()
+    core = ov.Core()
+    net = core.read_model(model)
+    net.reshape({net.inputs[0]: ov.PartialShape([1, 3, *preprocess.MODEL_SIZE[::-1]])})
+    config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    return core.compile_model(net, "CPU", {**config, "INFERENCE_PRECISION_HINT": "bf16", "ENABLE_CPU_PINNING": False})
+
+
+def runner(model: bytes, engine: str, batch: int | None, precision: str = "fp32"):
+    """A function from an N x 3 x 320 x 320 batch to N maps, for one variant (``precision``
+    ``bf16-whole``: OpenVINO's own whole-model bf16)."""
     if engine == "ort":
-        return engines.open_engine(model, spec).infer
-    request = engines.compile_openvino(model, spec, batch).create_infer_request()
+        return engines.open_engine(model, engines.EngineSpec(name=engine)).infer
+    if precision == "bf16-whole":
+        compiled = compile_whole_model_bf16(model)
+    else:
+        compiled = engines.compile_openvino(model, engines.EngineSpec(name=engine, precision=precision), batch)
+    request = compiled.create_infer_request()
     return lambda x: request.infer({0: x})[0]
 
 
 STEP = 4  # images per step: every variant runs the same four
 
 
-def worker(model: bytes, tensors: np.ndarray, barrier, queue) -> None:
-    runners = {name: (runner(model, engine, batch), per_call) for name, (engine, batch, per_call) in VARIANTS.items()}
+def worker(model: bytes, tensors: np.ndarray, variants: dict[str, Variant], barrier, queue) -> None:
+    runners = {
+        name: (runner(model, engine, batch, precision), per_call)
+        for name, (engine, batch, per_call, precision) in variants.items()
+    }
     for infer, per_call in runners.values():
         infer(tensors[:per_call])  # first runs allocate
     barrier.wait()
@@ -68,16 +87,18 @@ def worker(model: bytes, tensors: np.ndarray, barrier, queue) -> None:
     queue.put(times)
 
 
-def measure(model: bytes, tensors: list[np.ndarray], procs: int) -> dict[str, list[float]]:
+def measure(
+    model: bytes, tensors: list[np.ndarray], procs: int, variants: dict[str, Variant] = VARIANTS
+) -> dict[str, list[float]]:
     """Seconds per image, per variant and step, from every process."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(procs + 1), ctx.Queue()
     shares = [np.stack(tensors[i::procs]) for i in range(procs)]
-    ps = [ctx.Process(target=worker, args=(model, s, barrier, queue)) for s in shares]
+    ps = [ctx.Process(target=worker, args=(model, s, variants, barrier, queue)) for s in shares]
     for p in ps:
         p.start()
     barrier.wait()
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in ps:
         for name, ts in queue.get().items():
             times[name] += ts
@@ -97,16 +118,20 @@ def main() -> int:
     files = make_inputs(args.images, ROOT / "bench" / "results" / "work-engines" / "in")
     tensors = [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9)))[0] for f in files]
     times = measure(Path(default_model()).read_bytes(), tensors, args.procs)
+    print_table(times, args.procs, args.images)
+    return 0
+
+
+def print_table(times: dict[str, list[float]], procs: int, images: int) -> None:
     steps = len(times[REFERENCE])
     print(
-        f"| engine ({args.procs} procs x 1 thread, {args.images} images, {steps} paired steps of {STEP}) "
+        f"| engine ({procs} procs x 1 thread, {images} images, {steps} paired steps of {STEP}) "
         "| ms per image, median | x ORT per step: q1 / median / q3 |"
     )
     print("| --- | --- | --- |")
     for name, ts in times.items():
         q1, med, q3 = statistics.quantiles([r / t for r, t in zip(times[REFERENCE], ts, strict=True)], n=4)
         print(f"| {name} | {1000 * statistics.median(ts):.0f} | {q1:.2f} / {med:.2f} / {q3:.2f} |")
-    return 0
 
 
 if __name__ == "__main__":
