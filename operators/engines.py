@@ -186,8 +186,8 @@ def bf16_convolutions(net: Any) -> list[Any]:
 
 
 def run_in_bf16(conv: Any) -> None:
-    """Convert a convolution's input and weights to bf16 and its output back to f32; the converts
-    are named ``<conv>/to_bf16_<port>`` and ``<conv>/to_f32`` (``runtime_precisions`` reads them)."""
+    """Convert a convolution's input and weights to bf16 and its output back to f32 (the converts are
+    named after it, ``<conv>/to_bf16_<port>`` and ``<conv>/to_f32``, so profiles show what they are)."""
     ov = import_openvino()
     name = conv.get_friendly_name()
     for port in conv.inputs():
