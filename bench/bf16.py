@@ -93,13 +93,13 @@ def agreement_rows(model: bytes) -> list[tuple[str, str, float, dict[str, Worst]
         rgb = decode_rgb(path.read_bytes(), 10**9)
         views = {k: preprocess.normalise(preprocess.resize_for_model(v)) for k, v in variants(rgb).items()}
         reference = {k: to_small_mask(ref(t)[0]) for k, t in views.items()}
+        foreground = {k: int((mask >= 128).sum()) for k, mask in reference.items()}
         cells = {name: Worst() for name in contenders}
         for name, infer in contenders.items():
             for k, t in views.items():
-                out = np.asarray(infer(t))
+                out = np.asarray(infer(t))  # N x 320 x 320 from an engine, N x 1 x 320 x 320 from a request
                 got = to_small_mask(out.reshape(-1, *out.shape[-2:])[0])
-                foreground = int((reference[k] >= 128).sum())
-                cells[name].add(k, agreement.mad(reference[k], got), agreement.iou(reference[k], got), foreground)
+                cells[name].add(k, agreement.mad(reference[k], got), agreement.iou(reference[k], got), foreground[k])
         rows.append((path.name, split, 100 * float((reference["photo"] >= 128).mean()), cells))
     return rows
 

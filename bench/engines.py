@@ -43,12 +43,9 @@ VARIANTS: dict[str, Variant] = {
 
 def compile_whole_model_bf16(model: bytes) -> Any:
     """OpenVINO's own bf16: every op, by its precision hint (what maskray's bf16 does not do)."""
-    ov = engines.import_openvino()
-    core = ov.Core()
-    net = core.read_model(model)
-    net.reshape({net.inputs[0]: ov.PartialShape([1, 3, *preprocess.MODEL_SIZE[::-1]])})
-    config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-    return core.compile_model(net, "CPU", {**config, "INFERENCE_PRECISION_HINT": "bf16", "ENABLE_CPU_PINNING": False})
+    core, net = engines.read_openvino(model)
+    config = engines.openvino_config(engines.EngineSpec(name="openvino"))
+    return core.compile_model(net, "CPU", {**config, "INFERENCE_PRECISION_HINT": "bf16"})
 
 
 def runner(model: bytes, engine: str, batch: int | None, precision: str = "fp32"):

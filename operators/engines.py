@@ -143,31 +143,42 @@ def compile_openvino(model: bytes, spec: EngineSpec, batch: int | None = 1) -> A
     around the heaviest convolutions (``bf16_convolutions``), which the CPU plugin then runs on
     its bf16 kernels (AMX or AVX-512 BF16) while every other op stays fp32.
     """
-    ov = import_openvino()
-
     if spec.device != "cpu":
         raise EngineError(f"engine openvino runs on the CPU here (asked for {spec.device})")
-    core = ov.Core()
-    net = core.read_model(model)
-    net.reshape({net.inputs[0]: ov.PartialShape([batch or -1, 3, MODEL_SIZE[1], MODEL_SIZE[0]])})
+    core, net = read_openvino(model, batch)
     islands = bf16_convolutions(net) if spec.precision == "bf16" else []
     for conv in islands:
         run_in_bf16(conv)
-    config: dict[str, Any] = {
-        "INFERENCE_NUM_THREADS": spec.threads,
-        "NUM_STREAMS": 1,
-        "PERFORMANCE_HINT": "LATENCY",
-        # OpenVINO's CPU default is bf16 on bf16 hardware, for every op; bf16 is placed by hand above.
-        "INFERENCE_PRECISION_HINT": "f32",
-        # Several single-threaded actors share a node: pinning would put them all on one core.
-        "ENABLE_CPU_PINNING": False,
-    }
+    config = openvino_config(spec)
     if spec.cache_dir:
         Path(spec.cache_dir).mkdir(parents=True, exist_ok=True)
         config["CACHE_DIR"] = spec.cache_dir
     compiled = core.compile_model(net, "CPU", config)
     check_compiled_precision(spec, runtime_precisions(compiled, {c.get_friendly_name() for c in islands}))
     return compiled
+
+
+def read_openvino(model: bytes, batch: int | None = 1) -> tuple[Any, Any]:
+    """(OpenVINO's core, the model with input batch ``batch``, None: dynamic, at the model's size)."""
+    ov = import_openvino()
+    core = ov.Core()
+    net = core.read_model(model)
+    net.reshape({net.inputs[0]: ov.PartialShape([batch or -1, 3, MODEL_SIZE[1], MODEL_SIZE[0]])})
+    return core, net
+
+
+def openvino_config(spec: EngineSpec) -> dict[str, Any]:
+    """The CPU plugin's settings for ``spec`` (without the cache)."""
+    return {
+        "INFERENCE_NUM_THREADS": spec.threads,
+        "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY",
+        # OpenVINO's CPU default is bf16 on bf16 hardware, for every op; maskray's bf16 is placed
+        # by hand (``run_in_bf16``).
+        "INFERENCE_PRECISION_HINT": "f32",
+        # Several single-threaded actors share a node: pinning would put them all on one core.
+        "ENABLE_CPU_PINNING": False,
+    }
 
 
 def per_image_macs(conv: Any) -> int:
