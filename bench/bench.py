@@ -535,8 +535,8 @@ CONTENDERS: dict[str, Callable[..., dict[str, Any]]] = {
 OPTIONAL = ("maskray-batch2",)
 
 
-# Contenders that measure bf16: on a CPU without bf16 hardware OpenVINO ignores the hint and runs
-# fp32 (it reports float32 as the compiled precision), which would be timed under a bf16 label.
+# Contenders that measure bf16: on a CPU without bf16 hardware OpenVINO's CPU plugin turns bf16
+# back to f32 (maskray's engine then refuses to start), so they could not measure bf16 there.
 NEEDS_BF16 = ("ceiling-openvino-bf16", "maskray-bf16")
 
 

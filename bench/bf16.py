@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import engines as engine_bench  # noqa: E402
-from bench.bench import make_inputs  # noqa: E402
 from bench.int8 import SAMPLES, test_photos  # noqa: E402
 from maskray.operators import agreement, engines, preprocess  # noqa: E402
 from maskray.operators.decode import decode_rgb  # noqa: E402
@@ -100,7 +99,7 @@ def agreement_rows(model: bytes) -> list[tuple[str, str, float, dict[str, Worst]
                 out = np.asarray(infer(t))  # N x 320 x 320 from an engine, N x 1 x 320 x 320 from a request
                 got = to_small_mask(out.reshape(-1, *out.shape[-2:])[0])
                 cells[name].add(k, agreement.mad(reference[k], got), agreement.iou(reference[k], got), foreground[k])
-        rows.append((path.name, split, 100 * float((reference["photo"] >= 128).mean()), cells))
+        rows.append((path.name, split, 100 * foreground["photo"] / reference["photo"].size, cells))
     return rows
 
 
@@ -128,10 +127,9 @@ def main() -> int:
             worst = min(c[n].iou for _, split, _, c in rows if subset in (None, split))
             verdict = "passes" if worst >= agreement.REDUCED_MIN_IOU else "fails"
             print(f"{n}: min IoU {worst:.4f} over {label} and their variants: {verdict} the bf16 gate")
-    files = make_inputs(args.images, ROOT / "bench" / "results" / "work-engines" / "in")
-    tensors = [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9)))[0] for f in files]
     print()
-    engine_bench.print_table(engine_bench.measure(model, tensors, args.procs, SPEED_VARIANTS), args.procs, args.images)
+    times = engine_bench.measure(model, engine_bench.speed_inputs(args.images), args.procs, SPEED_VARIANTS)
+    engine_bench.print_table(times, args.procs, args.images)
     return 0
 
 

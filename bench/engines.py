@@ -104,6 +104,12 @@ def measure(
     return times
 
 
+def speed_inputs(images: int) -> list[np.ndarray]:
+    """``images`` real photos (the samples, repeated) as 3 x 320 x 320 model inputs."""
+    files = make_inputs(images, ROOT / "bench" / "results" / "work-engines" / "in")
+    return [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9)))[0] for f in files]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=64, help="per process: images / processes, a multiple of 4")
@@ -112,9 +118,7 @@ def main() -> int:
     if not engines.installed("openvino"):
         print("bench/engines.py: openvino is not installed (make setup installs it)", file=sys.stderr)
         return 2
-    files = make_inputs(args.images, ROOT / "bench" / "results" / "work-engines" / "in")
-    tensors = [preprocess.normalise(preprocess.resize_for_model(decode_rgb(f.read_bytes(), 10**9)))[0] for f in files]
-    times = measure(Path(default_model()).read_bytes(), tensors, args.procs)
+    times = measure(Path(default_model()).read_bytes(), speed_inputs(args.images), args.procs)
     print_table(times, args.procs, args.images)
     return 0
 

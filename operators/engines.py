@@ -188,12 +188,15 @@ def per_image_macs(conv: Any) -> int:
     return int(np.prod(out)) * int(np.prod(weights))
 
 
+def convolutions(net: Any) -> list[Any]:
+    return [op for op in net.get_ordered_ops() if op.get_type_name() == "Convolution"]
+
+
 def bf16_convolutions(net: Any) -> list[Any]:
     """The convolutions that each hold at least ``BF16_MIN_MAC_SHARE`` of the model's MACs."""
-    convs = [op for op in net.get_ordered_ops() if op.get_type_name() == "Convolution"]
-    macs = {conv.get_friendly_name(): per_image_macs(conv) for conv in convs}
-    total = sum(macs.values())
-    return [conv for conv in convs if macs[conv.get_friendly_name()] >= BF16_MIN_MAC_SHARE * total]
+    convs = convolutions(net)
+    macs = [per_image_macs(conv) for conv in convs]
+    return [conv for conv, m in zip(convs, macs, strict=True) if m >= BF16_MIN_MAC_SHARE * sum(macs)]
 
 
 def run_in_bf16(conv: Any) -> None:
