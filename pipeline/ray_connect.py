@@ -65,13 +65,17 @@ def connect(cfg: RunConfig, env_vars: dict[str, str]) -> bool:
         runtime_env=runtime_env,
         include_dashboard=False,
         configure_logging=False,
-        _system_config={
-            "num_workers_soft_limit": sizing.worker_soft_limit(
-                cfg.num_cpus or os.cpu_count() or 1, Reservations.of(cfg), cfg.pool_size
-            )
-        },
+        _system_config=local_system_config(cfg),
     )
     return True
+
+
+def local_system_config(cfg: RunConfig) -> dict[str, int]:
+    """Ray's settings for a local Ray that runs ``cfg``: enough idle workers kept alive for the
+    pool and every task slot (``sizing.worker_soft_limit``). The tests start their shared Ray
+    with these too, so they run on the Ray the CLI would start."""
+    cpus = cfg.num_cpus or os.cpu_count() or 1
+    return {"num_workers_soft_limit": sizing.worker_soft_limit(cpus, Reservations.of(cfg), cfg.pool_size)}
 
 
 def start(cfg: RunConfig) -> Connection:

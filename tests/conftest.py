@@ -57,17 +57,29 @@ _SHARED_RAY: dict[str, str | None] = {"address": None}
 
 @pytest.fixture(scope="module")
 def ray_local(gcs_server, s3_server):
-    """One real local Ray with 2 CPUs, like this machine and CI.
+    """One real local Ray with 2 CPUs, like this machine and CI, set up as the CLI sets up the
+    local Ray it starts (without that, Ray kills idle task workers beside the pool after a second,
+    and most writes start a new worker process).
 
     Started after the storage servers so its workers inherit their env (as a local Ray started
     by the CLI does); the servers are cheap (well under a second to start).
     """
     import ray
 
+    from maskray.pipeline.config import RunConfig
+    from maskray.pipeline.ray_connect import local_system_config
+
     if not (ray.is_initialized() and ray.get_runtime_context().gcs_address == _SHARED_RAY["address"]):
         if ray.is_initialized():
             ray.shutdown()
-        ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+            _system_config=local_system_config(RunConfig(input="in", output="out", num_cpus=2)),
+        )
         _SHARED_RAY["address"] = ray.get_runtime_context().gcs_address
     yield ray
 
