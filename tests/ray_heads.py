@@ -18,9 +18,14 @@ from tests.servers import free_port, wait_http_ok
 BIN = Path(sys.executable).parent
 
 
+# What cluster/gcp.yaml and the KubeRay configs set on every node (see cluster/README.md): without
+# it Ray kills idle task workers beside the pool after a second, and most tasks start a new process.
+NODE_ENV = {"RAY_num_workers_soft_limit": "1024"}
+
+
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+    env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **NODE_ENV})
     env.update(extra or {})
     return env
 

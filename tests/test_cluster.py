@@ -17,7 +17,8 @@ import pytest
 
 from maskray.pipeline.cli import main
 from tests import images
-from tests.ray_heads import BIN, RayHead, ray_env
+from tests.ray_heads import BIN, NODE_ENV, RayHead, ray_env
+from tests.servers import restore_env, set_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -50,6 +51,7 @@ def local_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
+    saved = set_env(NODE_ENV)  # the raylets read it when they start, as on a real cluster's nodes
     # A killed raylet is declared dead after 3 missed health checks 1 s apart, not Ray's default
     # of several times that: the node-loss test then waits seconds, not tens of them, to recover.
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": HEALTH_CHECKS})
@@ -59,6 +61,7 @@ def local_cluster():
     yield cluster, workers
     ray.shutdown()
     cluster.shutdown()
+    restore_env(saved)
 
 
 def check_exactly_once(out: Path, inputs: int, reference: dict[str, str] | None = None) -> tuple[dict, list[dict]]:
