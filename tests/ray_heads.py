@@ -18,8 +18,9 @@ from tests.servers import free_port, wait_http_ok
 BIN = Path(sys.executable).parent
 
 
-# What cluster/gcp.yaml and the KubeRay configs set on every node (see cluster/README.md): without
-# it Ray kills idle task workers beside the pool after a second, and most tasks start a new process.
+# What cluster/gcp.yaml and the KubeRay configs set on every node (see cluster/README.md; the
+# KubeRay test checks they match): without it Ray kills idle task workers beside the pool after a
+# second, and most tasks start a new process.
 NODE_ENV = {"RAY_num_workers_soft_limit": "1024"}
 
 

@@ -51,17 +51,20 @@ def local_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    saved = set_env(NODE_ENV)  # the raylets read it when they start, as on a real cluster's nodes
-    # A killed raylet is declared dead after 3 missed health checks 1 s apart, not Ray's default
-    # of several times that: the node-loss test then waits seconds, not tens of them, to recover.
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": HEALTH_CHECKS})
-    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
+    # The raylets read NODE_ENV when they start, as a real cluster's nodes do; only they need it.
+    saved = set_env(NODE_ENV)
+    try:
+        # A killed raylet is declared dead after 3 missed health checks 1 s apart, not Ray's default
+        # of several times that: the node-loss test then waits seconds, not tens of them, to recover.
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": HEALTH_CHECKS})
+        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+        cluster.wait_for_nodes()
+    finally:
+        restore_env(saved)
     ray.init(address=cluster.address, log_to_driver=False)
     yield cluster, workers
     ray.shutdown()
     cluster.shutdown()
-    restore_env(saved)
 
 
 def check_exactly_once(out: Path, inputs: int, reference: dict[str, str] | None = None) -> tuple[dict, list[dict]]:

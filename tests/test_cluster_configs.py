@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ray_heads import NODE_ENV
+
 CLUSTER = Path(__file__).resolve().parent.parent / "cluster"
 
 
@@ -70,7 +72,9 @@ def check_cluster_spec(spec: dict) -> None:
         assert "rayStartParams" in group
         container = group["template"]["spec"]["containers"][0]
         assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"]
-        assert {"name": "RAY_num_workers_soft_limit", "value": "1024"} in container["env"]
+        assert [{"name": k, "value": v} for k, v in NODE_ENV.items()] == [
+            e for e in container["env"] if e["name"] in NODE_ENV
+        ]
         gpus = container["resources"]["limits"].get("nvidia.com/gpu")
         assert gpus == container["resources"]["requests"].get("nvidia.com/gpu")
         if gpus:  # a GPU group lands on GPU nodes and tolerates their taint
