@@ -18,15 +18,16 @@ from tests.servers import free_port, wait_http_ok
 BIN = Path(sys.executable).parent
 
 
-# What cluster/gcp.yaml and the KubeRay configs set on every node (see cluster/README.md; the
-# KubeRay test checks they match): without it Ray kills idle task workers beside the pool after a
-# second, and most tasks start a new process.
+# What cluster/gcp.yaml and the KubeRay configs set on every node (see cluster/README.md;
+# tests/test_cluster_configs.py checks both match): without it Ray kills idle task workers beside
+# the pool after a second, and most tasks start a new process. Only nodes read it (RayHead, and the
+# cluster fixture's raylets), not the drivers and clients that join them.
 NODE_ENV = {"RAY_num_workers_soft_limit": "1024"}
 
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **NODE_ENV})
+    env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
     env.update(extra or {})
     return env
 
@@ -46,7 +47,7 @@ class RayHead:
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard = f"http://127.0.0.1:{self.dash_port}"
         self.log = open(log_dir / f"ray-head-{self.port}.log", "wb")  # noqa: SIM115
-        self.env = ray_env(env)
+        self.env = ray_env({**NODE_ENV, **(env or {})})
         # Unix socket paths are capped at 107 bytes: pytest's tmp paths are too long for Ray.
         self.temp_dir = tempfile.mkdtemp(prefix="rh-", dir="/tmp")
         self.proc = subprocess.Popen(

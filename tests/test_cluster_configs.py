@@ -40,7 +40,8 @@ def test_gcp_yaml_passes_the_launchers_own_validation():
     assert any("make setup" in c for c in cfg["setup_commands"]) and cfg["idle_timeout_minutes"] > 0
     # Idle workers must survive beside a full pool (see cluster/README.md).
     for cmds in (cfg["head_start_ray_commands"], cfg["worker_start_ray_commands"]):
-        assert any("RAY_num_workers_soft_limit=" in c for c in cmds)
+        for name, value in NODE_ENV.items():
+            assert any(f"{name}={value}" in c for c in cmds)
 
 
 def test_gcp_yaml_rejects_what_the_launcher_rejects():

@@ -123,7 +123,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_masks_the_samples(tmp_path):
             "--quiet",
             # As pip does by default (and every node's install: `make setup-node`, the Dockerfile).
             # Without it, where PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every
-            # process compiled Ray and OpenVINO from source: the run took 31 s instead of 18 s.
+            # process compiled Ray and OpenVINO from source (a run timed by hand: 31 s instead of 18 s).
             "--compile-bytecode",
             "--python",
             str(py),
