@@ -28,6 +28,9 @@ log = logging.getLogger("maskray")
 
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 30.0  # six missed heartbeats
+# How long a release waits for a beat in flight (one small write); a stuck one is left behind, and
+# the lease it may rewrite goes stale.
+RELEASE_WAIT_S = 10.0
 
 
 def lease_uri(output: str) -> str:
@@ -73,6 +76,10 @@ class Lease:
     def release(self) -> None:
         """Stop renewing and remove the lease if it is still ours (idempotent, never raises)."""
         self._stop.set()
+        # A beat already past its check would write the lease again after the removal below, and
+        # the next run on this output would find a live lease.
+        if self._thread is not None:
+            self._thread.join(timeout=RELEASE_WAIT_S)
         try:
             if self.holder() == self.run_id:
                 storage.filesystem(self.uri, self.options).rm(storage.strip_protocol(self.uri))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -144,6 +145,18 @@ def test_the_heartbeat_renews_the_lease_and_stops_when_taken_over(tmp_path):
     time.sleep(0.5)
     held.release()  # not ours any more: left alone
     assert json.loads((out / "_manifest" / "_lease.json").read_text())["run_id"] == "usurper"
+
+
+def test_a_released_lease_stays_released_whatever_the_heartbeat_was_doing(tmp_path):
+    """A beat in flight at the release must not write the lease again after its removal: the next
+    run on the output would be refused as if this one were still live."""
+    out = str(tmp_path / "out")
+    rng = random.Random(0)
+    for i in range(200):
+        held = lease.acquire(out, f"run-{i}", {}, heartbeat_s=0.0005)
+        time.sleep(rng.random() * 0.005)
+        held.release()
+        assert lease.read_lease(out, {}) is None, f"release {i} left a lease behind"
 
 
 def test_the_lease_is_a_conditional_create_on_both_bucket_servers(gcs_server, s3_server, bucket_name, monkeypatch):
